@@ -1,0 +1,60 @@
+# Builds run and quantize; kernels.cu joins when nvcc is found (CPU-only build otherwise).
+#   make            binaries, models, and the INT8 demo model
+#   make demo       generate a story from stories260K through the INT8 path
+#   make test       the test suite (GPU tests are skipped where there is no GPU)
+CC      ?= gcc
+CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter
+LDLIBS  := -lm -lpthread
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+# sm_90 machine code for the H200, plus PTX so that newer GPUs can JIT it
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+           -Xcompiler -Wall,-Wextra -lineinfo
+SHARED_MODELS ?= ../shared/models
+
+ifneq ($(NVCC),)
+  GPU_OBJ  := kernels.o
+  GPU_DEFS := -DHAVE_GPU
+  GPU_LIBS := -lcublas
+  LINK     := $(NVCC) -Xcompiler -Wall
+else
+  LINK     := $(CC)
+endif
+
+.PHONY: all models demo test bench clean
+all: run quantize models models/stories260K_q8.bin
+
+run.o: run.c model.h kernels.h gpu_exec.inc
+	$(CC) $(CFLAGS) $(GPU_DEFS) -c run.c -o $@
+model.o: model.c model.h
+	$(CC) $(CFLAGS) -c model.c -o $@
+kernels.o: kernels.cu kernels.h
+	$(NVCC) $(NVFLAGS) -c kernels.cu -o $@
+run: run.o model.o $(GPU_OBJ)
+	$(LINK) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
+quantize: quantize.c model.o model.h
+	$(CC) $(CFLAGS) -o $@ quantize.c model.o $(LDLIBS)
+
+# Models come from ../shared/models when it exists, else from upstream (sha256-checked).
+MODEL_FILES := models/stories260K.bin models/tok512.bin tokenizer.bin
+models: $(MODEL_FILES)
+models/stories260K.bin models/tok512.bin models/code15M.bin models/aidreams260K.bin models/aidreams_tok512.bin models/stories260K_q80_gs8.v2.bin:
+	sh models/fetch.sh $(notdir $@) $@ $(SHARED_MODELS)
+tokenizer.bin:
+	sh models/fetch.sh tokenizer.bin $@ $(SHARED_MODELS)
+models/stories260K_q8.bin: models/stories260K.bin quantize
+	./quantize models/stories260K.bin $@
+
+demo: all
+	./run models/stories260K_q8.bin -z models/tok512.bin -p "Once upon a time" -n 200 -t 0.8 -s 42
+
+# Test builds: the same sources, with AddressSanitizer and UBSan.
+SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -g
+tests/test_run: tests/test_run.c run.c model.c model.h $(GPU_OBJ) kernels.h gpu_exec.inc
+	$(CC) $(CFLAGS) $(GPU_DEFS) -O1 $(SAN) -c tests/test_run.c -o tests/test_run.o
+	$(CC) $(CFLAGS) -O1 $(SAN) -c model.c -o tests/model_san.o
+	$(LINK) $(if $(GPU_OBJ),-Xcompiler "$(SAN)" -Xlinker -lasan -Xlinker -lubsan,$(SAN)) -o $@ tests/test_run.o tests/model_san.o $(GPU_OBJ) $(GPU_LIBS) $(LDLIBS)
+test: run quantize tests/test_run
+	sh tests/run_tests.sh
+
+clean:
+	rm -f run quantize *.o tests/*.o tests/test_run

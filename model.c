@@ -1,0 +1,425 @@
+// model.c: checkpoint formats, their validation, and loading into a Weights struct.
+// Every header field is checked, and the file size is compared with the size the header
+// implies, before any weight is touched: a bad file gets one message, never a wild read.
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *const linear_names[7] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+
+const char *format_name(int format) {
+    switch (format) {
+    case FMT_V0: return "llama2.c v0 FP32";
+    case FMT_V1: return "llama2.c v1 FP32";
+    case FMT_V2: return "llama2.c v2 INT8";
+    case FMT_Q8LM: return "Q8LM INT8";
+    }
+    return "unknown";
+}
+
+// ----------------------------------------------------------------------------
+// Config validation: limits are generous but keep every size product inside 64 bits.
+
+int validate_config(const Config *c, char *why) {
+    struct { const char *name; int value, lo, hi; } f[] = {
+        {"dim", c->dim, 2, 1 << 16},         {"hidden_dim", c->hidden_dim, 1, 1 << 18},
+        {"n_layers", c->n_layers, 1, 1024},  {"n_heads", c->n_heads, 1, 4096},
+        {"n_kv_heads", c->n_kv_heads, 1, 4096}, {"vocab_size", c->vocab_size, 3, 1 << 22},
+        {"seq_len", c->seq_len, 1, 1 << 20},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].value < f[i].lo || f[i].value > f[i].hi) {
+            snprintf(why, ERR_LEN, "header field %s = %d is outside [%d, %d]", f[i].name, f[i].value, f[i].lo, f[i].hi);
+            return -1;
+        }
+    if (c->dim % c->n_heads) {
+        snprintf(why, ERR_LEN, "header field dim = %d is not divisible by n_heads = %d", c->dim, c->n_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads) {
+        snprintf(why, ERR_LEN, "header field n_heads = %d is not divisible by n_kv_heads = %d", c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if ((c->dim / c->n_heads) % 2) {
+        snprintf(why, ERR_LEN, "head size dim / n_heads = %d is odd; RoPE rotates pairs", c->dim / c->n_heads);
+        return -1;
+    }
+    return 0;
+}
+
+void linear_shape(const Config *c, int which, int *rows, int *cols) {
+    int kv_dim = c->dim / c->n_heads * c->n_kv_heads;
+    static const int out_is[7] = {0, 1, 1, 0, 2, 0, 2};   // 0 dim, 1 kv_dim, 2 hidden
+    static const int in_is[7] = {0, 0, 0, 0, 0, 2, 0};
+    int size[3] = {c->dim, kv_dim, c->hidden_dim};
+    *rows = size[out_is[which]];
+    *cols = size[in_is[which]];
+}
+
+// ----------------------------------------------------------------------------
+// Q8LM layout
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Appends a section of `bytes` at the next aligned offset, returns its offset.
+static size_t section(size_t *end, size_t bytes) {
+    size_t at = align_up(*end, SECTION_ALIGN);
+    *end = at + bytes;
+    return at;
+}
+
+// Appends the q and s sections of `layers` stacked (rows, cols) INT8 matrices.
+static void q8_sections(size_t *end, int layers, int rows, int cols, int gs, size_t *q, size_t *s) {
+    *q = section(end, (size_t)layers * rows * round_up(cols, ROW_ALIGN));
+    *s = section(end, (size_t)layers * rows * ceil_div(cols, gs) * sizeof(float));
+}
+
+void q8_layout(const Config *c, int gs, int shared, Q8Layout *L) {
+    size_t end = HEADER_BYTES, dim_floats = (size_t)c->n_layers * c->dim * sizeof(float);
+    memset(L, 0, sizeof *L);
+    q8_sections(&end, 1, c->vocab_size, c->dim, gs, &L->tok_q, &L->tok_s);
+    L->rms_att = section(&end, dim_floats);
+    L->rms_ffn = section(&end, dim_floats);
+    L->rms_final = section(&end, (size_t)c->dim * sizeof(float));
+    for (int w = W_Q; w <= W_3; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        q8_sections(&end, c->n_layers, rows, cols, gs, &L->q[w], &L->s[w]);
+    }
+    if (!shared) q8_sections(&end, 1, c->vocab_size, c->dim, gs, &L->cls_q, &L->cls_s);
+    L->total = align_up(end, SECTION_ALIGN);
+}
+
+void q8_header(unsigned char hdr[HEADER_BYTES], const Config *c, int gs, int shared) {
+    int32_t fields[] = {Q8LM_VERSION, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                        c->vocab_size, c->seq_len, gs, shared, ROW_ALIGN};
+    uint32_t magic = Q8LM_MAGIC;
+    memset(hdr, 0, HEADER_BYTES);
+    memcpy(hdr, &magic, 4);
+    memcpy(hdr + 4, fields, sizeof fields);
+}
+
+// ----------------------------------------------------------------------------
+// Quantization
+
+void quantize_row(const float *w, int cols, int gs, int8_t *q, float *s) {
+    for (int g = 0; g * gs < cols; g++) {
+        int lo = g * gs, hi = lo + gs < cols ? lo + gs : cols;
+        float amax = 0.0f;
+        for (int j = lo; j < hi; j++) amax = fmaxf(amax, fabsf(w[j]));
+        float scale = amax / 127.0f;
+        s[g] = scale;
+        for (int j = lo; j < hi; j++) {
+            float v = scale > 0.0f ? roundf(w[j] / scale) : 0.0f;
+            q[j] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Loading
+
+typedef struct {
+    const char *path;
+    const unsigned char *base;
+    size_t bytes;
+    char *err;
+} Src;
+
+static int fail(Src *f, const char *msg) {
+    snprintf(f->err, ERR_LEN, "%.200s: %.300s", f->path, msg);
+    return -1;
+}
+
+static int32_t read_i32(const unsigned char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+static void read_config(const unsigned char *p, Config *c) {
+    c->dim = read_i32(p);
+    c->hidden_dim = read_i32(p + 4);
+    c->n_layers = read_i32(p + 8);
+    c->n_heads = read_i32(p + 12);
+    c->n_kv_heads = read_i32(p + 16);
+    c->vocab_size = read_i32(p + 20);
+    c->seq_len = read_i32(p + 24);
+}
+
+static int check_config(Src *f, const Config *c) {
+    char why[ERR_LEN];
+    if (validate_config(c, why) == 0) return 0;
+    return fail(f, why);
+}
+
+static int check_size(Src *f, size_t expected, const char *what) {
+    if (f->bytes == expected) return 0;
+    char msg[ERR_LEN];
+    snprintf(msg, sizeof msg, "file is %zu bytes but its header implies %zu (%s)%s", f->bytes, expected, what,
+             f->bytes < expected ? ": truncated?" : ": trailing data or wrong header");
+    return fail(f, msg);
+}
+
+static Mat fp32_mat(const float *p, int rows, int cols) {
+    Mat m = {rows, cols, cols, 0, 0, p, NULL, NULL};
+    return m;
+}
+
+static Mat q8_mat(const int8_t *q, const float *s, int rows, int cols, int gs) {
+    Mat m = {rows, cols, round_up(cols, ROW_ALIGN), gs, ceil_div(cols, gs), NULL, q, s};
+    return m;
+}
+
+static int alloc_layer_mats(Model *m) {
+    int L = m->cfg.n_layers;
+    Mat *all = calloc((size_t)7 * L, sizeof(Mat));
+    if (!all) return -1;
+    Mat **dst[7] = {&m->w.wq, &m->w.wk, &m->w.wv, &m->w.wo, &m->w.w1, &m->w.w2, &m->w.w3};
+    for (int w = 0; w < 7; w++) *dst[w] = all + (size_t)w * L;
+    return 0;
+}
+
+// FP32 linear weights: 7 stacked tensors in llama2.c's order, each (layer, rows, cols).
+// v0 interleaves the norms; `order` gives where each tensor lies.
+static void point_fp32_linears(Model *m, const float *const at[7]) {
+    const Config *c = &m->cfg;
+    Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        for (int l = 0; l < c->n_layers; l++) dst[w][l] = fp32_mat(at[w] + (size_t)l * rows * cols, rows, cols);
+    }
+}
+
+static size_t fp32_linear_floats(const Config *c, int w) {
+    int rows, cols;
+    linear_shape(c, w, &rows, &cols);
+    return (size_t)c->n_layers * rows * cols;
+}
+
+// llama2.c legacy: tok, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, freq_cis, [wcls]
+static int load_v0(Src *f, Model *m) {
+    if (f->bytes < 28) return fail(f, "file is shorter than the 28-byte legacy header");
+    read_config(f->base, &m->cfg);
+    Config *c = &m->cfg;
+    m->shared_classifier = c->vocab_size > 0;
+    if (c->vocab_size < 0) c->vocab_size = -c->vocab_size;
+    if (check_config(f, c)) return -1;
+    size_t Ld = (size_t)c->n_layers * c->dim, vd = (size_t)c->vocab_size * c->dim;
+    size_t body = vd + 2 * Ld + c->dim, freq = (size_t)c->seq_len * (c->dim / c->n_heads);
+    for (int w = 0; w < 7; w++) body += fp32_linear_floats(c, w);
+    size_t with_freq = 28 + 4 * (body + freq + (m->shared_classifier ? 0 : vd));
+    // freq_cis tables are optional only where nothing follows them
+    if (!(m->shared_classifier && f->bytes == 28 + 4 * body) && check_size(f, with_freq, "legacy v0 FP32 layout"))
+        return -1;
+    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    const float *p = (const float *)(f->base + 28);
+    m->w.tok_embedding = fp32_mat(p, c->vocab_size, c->dim);
+    p += vd;
+    m->w.rms_att = p;
+    p += Ld;
+    const float *at[7];
+    for (int w = 0; w < 7; w++) {
+        if (w == W_1) { m->w.rms_ffn = p; p += Ld; }
+        at[w] = p;
+        p += fp32_linear_floats(c, w);
+    }
+    m->w.rms_final = p;
+    p += c->dim + freq;
+    point_fp32_linears(m, at);
+    m->w.wcls = m->shared_classifier ? m->w.tok_embedding : fp32_mat(p, c->vocab_size, c->dim);
+    return 0;
+}
+
+// llama2.c v1: header, rms_att, rms_ffn, rms_final, tok, wq, wk, wv, wo, w1, w2, w3, [wcls]
+static int load_v1(Src *f, Model *m) {
+    Config *c = &m->cfg;
+    m->shared_classifier = f->base[36];
+    if (check_config(f, c)) return -1;
+    if (m->shared_classifier > 1) return fail(f, "header field shared_classifier is not 0 or 1");
+    size_t Ld = (size_t)c->n_layers * c->dim, vd = (size_t)c->vocab_size * c->dim;
+    size_t floats = 2 * Ld + c->dim + vd + (m->shared_classifier ? 0 : vd);
+    for (int w = 0; w < 7; w++) floats += fp32_linear_floats(c, w);
+    if (check_size(f, HEADER_BYTES + 4 * floats, "llama2.c v1 FP32 layout")) return -1;
+    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    const float *p = (const float *)(f->base + HEADER_BYTES);
+    m->w.rms_att = p;
+    m->w.rms_ffn = p + Ld;
+    m->w.rms_final = p + 2 * Ld;
+    p += 2 * Ld + c->dim;
+    m->w.tok_embedding = fp32_mat(p, c->vocab_size, c->dim);
+    p += vd;
+    const float *at[7];
+    for (int w = 0; w < 7; w++) { at[w] = p; p += fp32_linear_floats(c, w); }
+    point_fp32_linears(m, at);
+    m->w.wcls = m->shared_classifier ? m->w.tok_embedding : fp32_mat(p, c->vocab_size, c->dim);
+    return 0;
+}
+
+// llama2.c v2 stores each (rows, cols) tensor as q (rows*cols int8) then s (rows*cols/gs f32),
+// groups running over the flattened tensor. Copies one into this project's padded per-row layout.
+static Mat repack_v2(const unsigned char **p, int rows, int cols, int gs, int8_t **q_out, float **s_out) {
+    size_t n = (size_t)rows * cols;
+    const int8_t *q = (const int8_t *)*p;
+    const unsigned char *s = *p + n;
+    int stride = round_up(cols, ROW_ALIGN), groups = cols / gs;
+    Mat m = q8_mat(*q_out, *s_out, rows, cols, gs);
+    for (int r = 0; r < rows; r++) {
+        memcpy(*q_out + (size_t)r * stride, q + (size_t)r * cols, cols);
+        memcpy(*s_out + (size_t)r * groups, s + (size_t)r * groups * 4, (size_t)groups * 4);
+    }
+    *q_out += (size_t)rows * stride;
+    *s_out += (size_t)rows * groups;
+    *p = s + n / gs * 4;
+    return m;
+}
+
+static int load_v2(Src *f, Model *m) {
+    Config *c = &m->cfg;
+    m->shared_classifier = f->base[36];
+    m->gs = read_i32(f->base + 37);
+    m->quantized = 1;
+    if (check_config(f, c)) return -1;
+    if (m->shared_classifier > 1) return fail(f, "header field shared_classifier is not 0 or 1");
+    if (m->gs < 1 || m->gs > (1 << 20)) return fail(f, "header field group_size is not in [1, 2^20]");
+    // Shapes of the quantized tensors, in file order: tok, then wq..w3 per layer, [wcls].
+    int L = c->n_layers, n_tensors = 1 + 7 * L + !m->shared_classifier;
+    size_t bytes = HEADER_BYTES + 4 * ((2 * (size_t)L + 1) * c->dim), q_bytes = 0, s_bytes = 0;
+    for (int t = 0; t < n_tensors; t++) {
+        int rows = c->vocab_size, cols = c->dim;
+        if (t > 0 && t <= 7 * L) linear_shape(c, (t - 1) / L, &rows, &cols);
+        if (cols % m->gs) {
+            char msg[ERR_LEN];
+            snprintf(msg, sizeof msg,
+                     "llama2.c v2 groups of %d run over the flattened tensor and straddle rows of length %d; "
+                     "this engine needs per-row groups: re-quantize the FP32 checkpoint with ./quantize",
+                     m->gs, cols);
+            return fail(f, msg);
+        }
+        size_t n = (size_t)rows * cols;
+        bytes += n + n / m->gs * 4;
+        q_bytes += (size_t)rows * round_up(cols, ROW_ALIGN);
+        s_bytes += n / m->gs * 4;
+    }
+    if (check_size(f, bytes, "llama2.c v2 INT8 layout")) return -1;
+    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    if (!(m->owned = malloc(q_bytes + s_bytes))) return fail(f, "out of memory for the repacked weights");
+    int8_t *q = m->owned;
+    float *s = (float *)((unsigned char *)m->owned + q_bytes);   // q_bytes is a multiple of 16
+    const float *norms = (const float *)(f->base + HEADER_BYTES);
+    m->w.rms_att = norms;
+    m->w.rms_ffn = norms + (size_t)L * c->dim;
+    m->w.rms_final = norms + 2 * (size_t)L * c->dim;
+    const unsigned char *p = (const unsigned char *)(m->w.rms_final + c->dim);
+    m->w.tok_embedding = repack_v2(&p, c->vocab_size, c->dim, m->gs, &q, &s);
+    Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        for (int l = 0; l < L; l++) dst[w][l] = repack_v2(&p, rows, cols, m->gs, &q, &s);
+    }
+    m->w.wcls = m->shared_classifier ? m->w.tok_embedding : repack_v2(&p, c->vocab_size, c->dim, m->gs, &q, &s);
+    return 0;
+}
+
+static int load_q8lm(Src *f, Model *m) {
+    Config *c = &m->cfg;
+    int version = read_i32(f->base + 4), shared = read_i32(f->base + 40), row_align = read_i32(f->base + 44);
+    m->gs = read_i32(f->base + 36);
+    m->quantized = 1;
+    if (version != Q8LM_VERSION) {
+        char msg[ERR_LEN];
+        snprintf(msg, sizeof msg, "header field version = %d, this engine reads Q8LM version %d", version, Q8LM_VERSION);
+        return fail(f, msg);
+    }
+    if (check_config(f, c)) return -1;
+    if (m->gs < 1 || m->gs > (1 << 20)) return fail(f, "header field group_size is not in [1, 2^20]");
+    if (shared != 0 && shared != 1) return fail(f, "header field shared_classifier is not 0 or 1");
+    if (row_align != ROW_ALIGN) return fail(f, "header field row_align is not 16");
+    m->shared_classifier = shared;
+    Q8Layout L;
+    q8_layout(c, m->gs, shared, &L);
+    if (check_size(f, L.total, "Q8LM layout")) return -1;
+    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    const unsigned char *b = f->base;
+    m->w.tok_embedding = q8_mat((const int8_t *)(b + L.tok_q), (const float *)(b + L.tok_s), c->vocab_size, c->dim, m->gs);
+    m->w.rms_att = (const float *)(b + L.rms_att);
+    m->w.rms_ffn = (const float *)(b + L.rms_ffn);
+    m->w.rms_final = (const float *)(b + L.rms_final);
+    Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        Mat one = q8_mat(NULL, NULL, rows, cols, m->gs);
+        for (int l = 0; l < c->n_layers; l++) {
+            dst[w][l] = one;
+            dst[w][l].q = (const int8_t *)(b + L.q[w]) + (size_t)l * rows * one.stride;
+            dst[w][l].s = (const float *)(b + L.s[w]) + (size_t)l * rows * one.groups;
+        }
+    }
+    m->w.wcls = shared ? m->w.tok_embedding
+                       : q8_mat((const int8_t *)(b + L.cls_q), (const float *)(b + L.cls_s), c->vocab_size, c->dim, m->gs);
+    return 0;
+}
+
+static int load_mapped(Src *f, Model *m) {
+    if (f->bytes < 8) return fail(f, "file is too short to hold any checkpoint header");
+    uint32_t magic;
+    memcpy(&magic, f->base, 4);
+    if (magic == Q8LM_MAGIC || magic == LLAMA2C_MAGIC) {
+        if (f->bytes < HEADER_BYTES) return fail(f, "file is shorter than its 256-byte header");
+        read_config(f->base + 8, &m->cfg);
+    }
+    if (magic == Q8LM_MAGIC) { m->format = FMT_Q8LM; return load_q8lm(f, m); }
+    if (magic != LLAMA2C_MAGIC) { m->format = FMT_V0; return load_v0(f, m); }
+    int version = read_i32(f->base + 4);
+    if (version == 1) { m->format = FMT_V1; return load_v1(f, m); }
+    if (version == 2) { m->format = FMT_V2; return load_v2(f, m); }
+    char msg[ERR_LEN];
+    snprintf(msg, sizeof msg, "header field version = %d: llama2.c versions 1 (FP32) and 2 (INT8) are supported", version);
+    return fail(f, msg);
+}
+
+int load_model(const char *path, Model *m, char *err) {
+    memset(m, 0, sizeof *m);
+    Src f = {path, NULL, 0, err};
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, ERR_LEN, "%.300s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(&f, "not a regular file");
+    }
+    f.bytes = (size_t)st.st_size;
+    if (f.bytes > 0) {
+        void *map = mmap(NULL, f.bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            close(fd);
+            return fail(&f, "cannot mmap");
+        }
+        m->map = map;
+        m->map_bytes = f.bytes;
+        f.base = map;
+    }
+    close(fd);
+    if (load_mapped(&f, m) != 0) {
+        free_model(m);
+        return -1;
+    }
+    return 0;
+}
+
+void free_model(Model *m) {
+    if (m->map) munmap(m->map, m->map_bytes);
+    free(m->w.wq);   // the block of all per-layer Mats
+    free(m->owned);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,99 @@
+// model.h: the one definition of every checkpoint format this project reads or writes,
+// with its validation, and the in-memory weights that both executors (CPU and GPU) use.
+// run.c, quantize.c and the tests all go through this; there is no second reader.
+//
+// Formats read:
+//   llama2.c legacy v0  FP32: 7 x int32 header, weights, [freq_cis tables], [classifier]
+//   llama2.c v1 "ak42"  FP32: 256-byte header, norms first, then the weights
+//   llama2.c v2 "ak42"  INT8 (export.py): groups over the flattened tensor; read only where
+//                       every row length is a multiple of the group size (then it is per-row)
+//   Q8LM v1             INT8, this project's own format (README.md, "File format")
+#ifndef MODEL_H
+#define MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LLAMA2C_MAGIC 0x616b3432u   // "ak42" as llama2.c's export.py writes it
+#define Q8LM_MAGIC    0x4d4c3851u   // "Q8LM" in file byte order
+#define Q8LM_VERSION  1
+#define HEADER_BYTES  256           // v1, v2 and Q8LM headers are all padded to this
+#define ROW_ALIGN     16            // INT8 rows are padded to a multiple of 16 bytes: 16-byte GPU loads
+#define SECTION_ALIGN 64            // every tensor section of a Q8LM file starts 64-byte aligned
+#define ERR_LEN       512
+
+enum { FMT_V0 = 0, FMT_V1 = 1, FMT_V2 = 2, FMT_Q8LM = 3 };
+
+typedef struct {
+    int dim;        // transformer width
+    int hidden_dim; // feed-forward width
+    int n_layers;
+    int n_heads;    // query heads
+    int n_kv_heads; // key/value heads (grouped-query when fewer than n_heads)
+    int vocab_size;
+    int seq_len;    // context length
+} Config;
+
+// One linear weight W (rows = out, cols = in); y = W x. Either FP32 (f) or INT8 (q, s).
+// INT8: q is (rows, stride), stride = cols rounded up to ROW_ALIGN, padding zero;
+//       s is (rows, groups): one FP32 scale per gs consecutive weights along the input (cols),
+//       the last group of a row may be short. w[r][c] = q[r*stride + c] * s[r*groups + c/gs].
+typedef struct {
+    int rows, cols;
+    int stride;
+    int gs, groups;
+    const float  *f;
+    const int8_t *q;
+    const float  *s;
+} Mat;
+
+typedef struct {
+    Mat tok_embedding;                  // (vocab, dim): row t is token t's embedding
+    Mat *wq, *wk, *wv, *wo;             // per layer: (dim, dim), (kv_dim, dim), (kv_dim, dim), (dim, dim)
+    Mat *w1, *w2, *w3;                  // per layer: (hidden, dim), (dim, hidden), (hidden, dim)
+    Mat wcls;                           // (vocab, dim); the embedding's storage when shared
+    const float *rms_att, *rms_ffn;     // (layer, dim)
+    const float *rms_final;             // (dim)
+} Weights;
+
+typedef struct {
+    Config cfg;
+    int format;             // FMT_*
+    int quantized;          // 1: linear weights are INT8
+    int gs;                 // group size (INT8 only)
+    int shared_classifier;  // 1: the classifier is the token embedding
+    Weights w;
+    void *map;              // the file, mmapped read-only
+    size_t map_bytes;
+    void *owned;            // buffers the loader allocated (repacked v2 weights, Mat arrays)
+} Model;
+
+// Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err.
+int  load_model(const char *path, Model *m, char *err);
+void free_model(Model *m);
+int  validate_config(const Config *c, char *why);   // 0 if sane, else reason in why
+const char *format_name(int format);
+
+// Q8LM layout: where each section lies in a file for this config. Writer and reader share it.
+typedef struct {
+    size_t tok_q, tok_s;                  // embedding
+    size_t rms_att, rms_ffn, rms_final;
+    size_t q[7], s[7];                    // wq wk wv wo w1 w2 w3: (layer, rows, stride), (layer, rows, groups)
+    size_t cls_q, cls_s;                  // unshared classifier
+    size_t total;                         // file size
+} Q8Layout;
+enum { W_Q, W_K, W_V, W_O, W_1, W_2, W_3 };
+void q8_layout(const Config *c, int gs, int shared, Q8Layout *L);
+void linear_shape(const Config *c, int which, int *rows, int *cols);   // which: W_Q..W_3
+extern const char *const linear_names[7];
+
+// Quantization of one row: groups of gs along the row, scale = max|w| / 127,
+// q = round(w / scale) clamped to [-127, 127]; an all-zero group gets scale 0.
+void quantize_row(const float *w, int cols, int gs, int8_t *q, float *s);
+static inline int round_up(int x, int a) { return (x + a - 1) / a * a; }
+static inline int ceil_div(int x, int a) { return (x + a - 1) / a; }
+
+// Header writers (quantize.c, tests)
+void q8_header(unsigned char hdr[HEADER_BYTES], const Config *c, int gs, int shared);
+
+#endif

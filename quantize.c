@@ -1,0 +1,391 @@
+// quantize.c: FP32 llama2.c checkpoints -> group-wise symmetric INT8 (Q8LM, model.h), and
+// synthetic checkpoints with seeded random weights for speed work.
+//
+//   quantize in.bin out.bin [-g GS]                         convert, printing the error per tensor
+//   quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]
+//
+// Work is split by rows over threads; each row is produced (read, or drawn from its own seeded
+// generator, so the file does not depend on the thread count), then quantized straight into the
+// memory-mapped output: no FP32 copy of a whole tensor exists, even for a 7B model.
+#define _GNU_SOURCE   // sincosf
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "model.h"
+
+static void die(const char *msg) {
+    fprintf(stderr, "quantize: %s\n", msg);
+    exit(1);
+}
+
+// ----------------------------------------------------------------------------
+// One job: `rows` rows of length `cols`, from src (FP32 rows) or drawn from N(0, std^2),
+// written as FP32 (dst_f) or INT8 (dst_q, dst_s, Q8LM's padded layout).
+
+typedef struct {
+    const char *name;            // tensor kind, for the report
+    int rows, cols, gs;
+    const float *src;            // (rows, cols) or NULL: synthetic
+    unsigned long long seed;
+    float *dst_f;                // (rows, cols)
+    int8_t *dst_q;               // (rows, round_up(cols, 16))
+    float *dst_s;                // (rows, ceil(cols / gs))
+    double sum_sq_w, sum_sq_err, max_err;   // quantization error, filled in
+} Job;
+
+typedef struct {
+    Job *jobs;
+    int n_jobs;
+    size_t total_rows;
+    pthread_mutex_t lock;
+    int next_job, next_row;      // the next chunk of rows to hand out
+    size_t rows_done;
+    int progress;                // print a progress line
+} Work;
+
+#define CHUNK_ROWS 64
+
+// splitmix64: decorrelates the per-row seeds
+static unsigned long long mix64(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Box-Muller pairs from a xorshift64* stream: N(0, std^2)
+static void normal_row(float *out, int n, unsigned long long seed, float std) {
+    unsigned long long s = mix64(seed) | 1;
+    for (int i = 0; i < n; i += 2) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        unsigned long long r = s * 0x2545F4914F6CDD1Dull;
+        float u1 = ((r >> 40) + 1) / 16777217.0f, u2 = ((r >> 16) & 0xFFFFFF) / 16777216.0f;
+        float rad = std * sqrtf(-2.0f * logf(u1)), s2, c2;
+        sincosf(6.2831853f * u2, &s2, &c2);
+        out[i] = rad * c2;
+        if (i + 1 < n) out[i + 1] = rad * s2;
+    }
+}
+
+static void do_row(Job *j, int r, float *row, double acc[3]) {
+    if (j->src) memcpy(row, j->src + (size_t)r * j->cols, j->cols * sizeof(float));
+    else normal_row(row, j->cols, j->seed * 0x100000001ull + r, 0.02f);
+    if (j->dst_f) {
+        memcpy(j->dst_f + (size_t)r * j->cols, row, j->cols * sizeof(float));
+        return;
+    }
+    int8_t *q = j->dst_q + (size_t)r * round_up(j->cols, ROW_ALIGN);
+    float *s = j->dst_s + (size_t)r * ceil_div(j->cols, j->gs);
+    quantize_row(row, j->cols, j->gs, q, s);
+    for (int c = 0; c < j->cols; c++) {
+        double err = fabs((double)q[c] * s[c / j->gs] - row[c]);
+        acc[0] += (double)row[c] * row[c];
+        acc[1] += err * err;
+        if (err > acc[2]) acc[2] = err;
+    }
+}
+
+static void *worker(void *arg) {
+    Work *w = arg;
+    int max_cols = 0;
+    for (int i = 0; i < w->n_jobs; i++) max_cols = w->jobs[i].cols > max_cols ? w->jobs[i].cols : max_cols;
+    float *row = malloc((max_cols + 1) * sizeof(float));
+    if (!row) die("out of memory");
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        while (w->next_job < w->n_jobs && w->next_row >= w->jobs[w->next_job].rows) w->next_job++, w->next_row = 0;
+        if (w->next_job == w->n_jobs) {
+            pthread_mutex_unlock(&w->lock);
+            break;
+        }
+        Job *j = &w->jobs[w->next_job];
+        int lo = w->next_row, hi = lo + CHUNK_ROWS < j->rows ? lo + CHUNK_ROWS : j->rows;
+        w->next_row = hi;
+        pthread_mutex_unlock(&w->lock);
+
+        double acc[3] = {0, 0, 0};
+        for (int r = lo; r < hi; r++) do_row(j, r, row, acc);
+
+        pthread_mutex_lock(&w->lock);
+        j->sum_sq_w += acc[0];
+        j->sum_sq_err += acc[1];
+        if (acc[2] > j->max_err) j->max_err = acc[2];
+        size_t before = w->rows_done;
+        w->rows_done += hi - lo;
+        if (w->progress && w->rows_done * 20 / w->total_rows != before * 20 / w->total_rows)
+            fprintf(stderr, "\rquantize: %3zu%% of %zu rows", w->rows_done * 100 / w->total_rows, w->total_rows);
+        pthread_mutex_unlock(&w->lock);
+    }
+    free(row);
+    return NULL;
+}
+
+static void run_jobs(Job *jobs, int n_jobs) {
+    Work w = {jobs, n_jobs, 0, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0};
+    size_t elements = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        w.total_rows += jobs[i].rows;
+        elements += (size_t)jobs[i].rows * jobs[i].cols;
+    }
+    w.progress = elements > ((size_t)64 << 20);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cpus < 1 ? 1 : cpus > 64 ? 64 : (int)cpus;
+    pthread_t tid[64];
+    for (int t = 0; t < n_threads; t++)
+        if (pthread_create(&tid[t], NULL, worker, &w)) die("cannot start a thread");
+    for (int t = 0; t < n_threads; t++) pthread_join(tid[t], NULL);
+    if (w.progress) fprintf(stderr, "\n");
+}
+
+// ----------------------------------------------------------------------------
+// Output files: sized, then mapped and filled in place.
+
+typedef struct {
+    unsigned char *base;
+    size_t bytes;
+} OutFile;
+
+static OutFile create_output(const char *path, size_t bytes) {
+    char msg[ERR_LEN];
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
+        snprintf(msg, sizeof msg, "%s: cannot create a %zu-byte file: %s", path, bytes, strerror(errno));
+        die(msg);
+    }
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        snprintf(msg, sizeof msg, "%s: cannot map for writing: %s", path, strerror(errno));
+        die(msg);
+    }
+    return (OutFile){p, bytes};
+}
+
+static void close_output(OutFile *o, const char *path) {
+    if (msync(o->base, o->bytes, MS_SYNC) != 0 || munmap(o->base, o->bytes) != 0) {
+        char msg[ERR_LEN];
+        snprintf(msg, sizeof msg, "%s: write failed: %s", path, strerror(errno));
+        die(msg);
+    }
+}
+
+static void fill_floats(float *p, size_t n, float v) {
+    for (size_t i = 0; i < n; i++) p[i] = v;
+}
+
+// Jobs that fill a Q8LM file. src: the FP32 model, or NULL for synthetic weights.
+// Returns the number of jobs; jobs needs room for 2 + 7 * n_layers.
+static int q8_jobs(const Config *c, int gs, int shared, const Weights *src, unsigned char *base, const Q8Layout *L,
+                   unsigned long long seed, Job *jobs) {
+    int n = 0;
+    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, gs, src ? src->tok_embedding.f : NULL, seed + 1, NULL,
+                      (int8_t *)(base + L->tok_q), (float *)(base + L->tok_s), 0, 0, 0};
+    Mat *const per_layer[7] = {src ? src->wq : 0, src ? src->wk : 0, src ? src->wv : 0, src ? src->wo : 0,
+                               src ? src->w1 : 0, src ? src->w2 : 0, src ? src->w3 : 0};
+    for (int w = W_Q; w <= W_3; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        for (int l = 0; l < c->n_layers; l++)
+            jobs[n++] = (Job){linear_names[w], rows, cols, gs, src ? per_layer[w][l].f : NULL, seed + 2 + (unsigned long long)w * 4096 + l,
+                              NULL, (int8_t *)(base + L->q[w]) + (size_t)l * rows * round_up(cols, ROW_ALIGN),
+                              (float *)(base + L->s[w]) + (size_t)l * rows * ceil_div(cols, gs), 0, 0, 0};
+    }
+    if (!shared)
+        jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, gs, src ? src->wcls.f : NULL, seed + 3, NULL,
+                          (int8_t *)(base + L->cls_q), (float *)(base + L->cls_s), 0, 0, 0};
+    return n;
+}
+
+static void write_q8(const char *path, const Config *c, int gs, int shared, const Weights *src, unsigned long long seed,
+                     Job *jobs, int *n_jobs) {
+    Q8Layout L;
+    q8_layout(c, gs, shared, &L);
+    OutFile o = create_output(path, L.total);
+    q8_header(o.base, c, gs, shared);
+    size_t Ld = (size_t)c->n_layers * c->dim;
+    if (src) {
+        memcpy(o.base + L.rms_att, src->rms_att, Ld * sizeof(float));
+        memcpy(o.base + L.rms_ffn, src->rms_ffn, Ld * sizeof(float));
+        memcpy(o.base + L.rms_final, src->rms_final, c->dim * sizeof(float));
+    } else {
+        fill_floats((float *)(o.base + L.rms_att), Ld, 1.0f);
+        fill_floats((float *)(o.base + L.rms_ffn), Ld, 1.0f);
+        fill_floats((float *)(o.base + L.rms_final), c->dim, 1.0f);
+    }
+    *n_jobs = q8_jobs(c, gs, shared, src, o.base, &L, seed, jobs);
+    run_jobs(jobs, *n_jobs);
+    close_output(&o, path);
+}
+
+// Synthetic FP32 in llama2.c's legacy v0 layout (what its run.c reads), norms 1, weights N(0, 0.02^2).
+// The freq_cis tables (zeros) are written only where the unshared classifier follows them.
+static void write_fp32_synthetic(const char *path, const Config *c, int shared, unsigned long long seed) {
+    size_t Ld = (size_t)c->n_layers * c->dim, vd = (size_t)c->vocab_size * c->dim;
+    size_t floats = vd + 2 * Ld + c->dim + (shared ? 0 : vd + (size_t)c->seq_len * (c->dim / c->n_heads));
+    size_t lin[7];
+    for (int w = 0; w < 7; w++) {
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        lin[w] = (size_t)c->n_layers * rows * cols;
+        floats += lin[w];
+    }
+    OutFile o = create_output(path, 28 + floats * 4);
+    int32_t hdr[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, shared ? c->vocab_size : -c->vocab_size, c->seq_len};
+    memcpy(o.base, hdr, 28);
+    float *p = (float *)(o.base + 28);
+    Job jobs[10];
+    int n = 0;
+    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, 0, NULL, seed + 1, p, NULL, NULL, 0, 0, 0};
+    p += vd;
+    fill_floats(p, Ld, 1.0f);   // rms_att
+    p += Ld;
+    for (int w = W_Q; w <= W_3; w++) {
+        if (w == W_1) { fill_floats(p, Ld, 1.0f); p += Ld; }   // rms_ffn
+        int rows, cols;
+        linear_shape(c, w, &rows, &cols);
+        jobs[n++] = (Job){linear_names[w], (int)(lin[w] / cols), cols, 0, NULL, seed + 2 + (unsigned long long)w * 4096, p, NULL, NULL, 0, 0, 0};
+        p += lin[w];
+    }
+    fill_floats(p, c->dim, 1.0f);   // rms_final
+    p += c->dim;
+    if (!shared) jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, 0, NULL, seed + 3, p + (size_t)c->seq_len * (c->dim / c->n_heads), NULL, NULL, 0, 0, 0};
+    run_jobs(jobs, n);
+    close_output(&o, path);
+}
+
+// ----------------------------------------------------------------------------
+// Report: per tensor kind (all layers together) and overall.
+
+static void report(const Job *jobs, int n_jobs, size_t in_bytes, size_t out_bytes) {
+    const char *names[] = {"tok_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"};
+    double all_w = 0, all_err = 0, all_max = 0;
+    size_t all_n = 0;
+    printf("%-14s %12s %14s %14s\n", "tensor", "weights", "rms err/rms", "max err/rms");
+    for (int k = 0; k < 9; k++) {
+        double sw = 0, se = 0, mx = 0;
+        size_t n = 0;
+        for (int i = 0; i < n_jobs; i++)
+            if (!strcmp(jobs[i].name, names[k])) {
+                sw += jobs[i].sum_sq_w, se += jobs[i].sum_sq_err, n += (size_t)jobs[i].rows * jobs[i].cols;
+                mx = jobs[i].max_err > mx ? jobs[i].max_err : mx;
+            }
+        if (!n) continue;
+        double rms = sqrt(sw / n);
+        printf("%-14s %12zu %14.3e %14.3e\n", names[k], n, rms > 0 ? sqrt(se / n) / rms : 0.0, rms > 0 ? mx / rms : 0.0);
+        all_w += sw, all_err += se, all_n += n, all_max = mx > all_max ? mx : all_max;
+    }
+    double rms = sqrt(all_w / all_n);
+    printf("%-14s %12zu %14.3e %14.3e\n", "all", all_n, rms > 0 ? sqrt(all_err / all_n) / rms : 0.0, rms > 0 ? all_max / rms : 0.0);
+    printf("size: %zu bytes -> %zu bytes (%.2fx smaller)\n", in_bytes, out_bytes, (double)in_bytes / out_bytes);
+}
+
+// ----------------------------------------------------------------------------
+// CLI
+
+static const struct { const char *name; Config c; int shared; } presets[] = {
+    {"llama2-7b", {4096, 11008, 32, 32, 32, 32000, 4096}, 0},
+    {"tinyllama-1.1b", {2048, 5632, 22, 32, 4, 32000, 2048}, 0},
+    {"stories15m", {288, 768, 6, 6, 6, 32000, 256}, 1},
+    {"stories110m", {768, 2048, 12, 12, 12, 32000, 1024}, 1},
+};
+
+// NAME is a preset or "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (a negative vocab: an
+// unshared classifier, as in llama2.c's header).
+static void parse_shape(const char *name, Config *c, int *shared) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(name, presets[i].name)) {
+            *c = presets[i].c;
+            *shared = presets[i].shared;
+            return;
+        }
+    int v[7], used = 0;
+    if (sscanf(name, "%d,%d,%d,%d,%d,%d,%d%n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &used) != 7 || name[used]) {
+        fprintf(stderr, "quantize: --synthetic: \"%s\" is neither a preset (llama2-7b, tinyllama-1.1b, stories15m, "
+                        "stories110m) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len\n", name);
+        exit(1);
+    }
+    *c = (Config){v[0], v[1], v[2], v[3], v[4], v[5] < 0 ? -v[5] : v[5], v[6]};
+    *shared = v[5] > 0;
+}
+
+static void usage(void) {
+    fprintf(stderr, "Usage: quantize in.bin out.bin [-g GS]\n"
+                    "       quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]\n"
+                    "  GS: group size along the input dimension (default 128)\n"
+                    "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n");
+    exit(1);
+}
+
+static int parse_int(const char *flag, const char *s, int lo, int hi) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "quantize: %s expects an integer in [%d, %d], got \"%s\"\n", flag, lo, hi, s);
+        exit(1);
+    }
+    return (int)v;
+}
+
+int main(int argc, char **argv) {
+    const char *pos[2] = {NULL, NULL}, *synthetic = NULL;
+    int gs = 128, fp32 = 0, n_pos = 0;
+    unsigned long long seed = 1234;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--fp32")) fp32 = 1;
+        else if (!strcmp(a, "-g") && v) gs = parse_int(a, argv[++i], 1, 1 << 20);
+        else if (!strcmp(a, "--seed") && v) seed = (unsigned long long)parse_int(a, argv[++i], 0, 1 << 30);
+        else if (!strcmp(a, "--synthetic") && v) synthetic = argv[++i];
+        else if (a[0] == '-' || n_pos == 2) usage();
+        else pos[n_pos++] = a;
+    }
+    if (n_pos != (synthetic ? 1 : 2)) usage();
+    char err[ERR_LEN];
+    if (synthetic) {
+        Config c;
+        int shared;
+        parse_shape(synthetic, &c, &shared);
+        if (validate_config(&c, err)) {
+            fprintf(stderr, "quantize: --synthetic %s: %s\n", synthetic, err);
+            return 1;
+        }
+        if (fp32) {
+            write_fp32_synthetic(pos[0], &c, shared, seed << 20);
+        } else {
+            Job *jobs = calloc(2 + 7 * (size_t)c.n_layers, sizeof(Job));
+            int n_jobs;
+            if (!jobs) die("out of memory");
+            write_q8(pos[0], &c, gs, shared, NULL, seed << 20, jobs, &n_jobs);
+            free(jobs);
+        }
+        fprintf(stderr, "quantize: wrote %s (%s, seed %llu, %s)\n", pos[0], synthetic, seed, fp32 ? "FP32 llama2.c v0" : "INT8 Q8LM");
+        return 0;
+    }
+    Model m;
+    if (load_model(pos[0], &m, err)) {
+        fprintf(stderr, "quantize: %s\n", err);
+        return 1;
+    }
+    if (m.quantized) {
+        fprintf(stderr, "quantize: %s: already INT8 (%s); give an FP32 checkpoint\n", pos[0], format_name(m.format));
+        return 1;
+    }
+    Job *jobs = calloc(2 + 7 * (size_t)m.cfg.n_layers, sizeof(Job));
+    int n_jobs;
+    if (!jobs) die("out of memory");
+    write_q8(pos[1], &m.cfg, gs, m.shared_classifier, &m.w, 0, jobs, &n_jobs);
+    Q8Layout L;
+    q8_layout(&m.cfg, gs, m.shared_classifier, &L);
+    printf("%s (%s) -> %s (Q8LM, group size %d)\n", pos[0], format_name(m.format), pos[1], gs);
+    report(jobs, n_jobs, m.map_bytes, L.total);
+    free(jobs);
+    free_model(&m);
+    return 0;
+}
