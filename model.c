@@ -175,7 +175,7 @@ static Mat q8_mat(const int8_t *q, const float *s, int rows, int cols, int gs) {
     return m;
 }
 
-static int alloc_layer_mats(Model *m) {
+int alloc_layer_mats(Model *m) {
     int L = m->cfg.n_layers;
     Mat *all = calloc((size_t)7 * L, sizeof(Mat));
     if (!all) return -1;
@@ -196,7 +196,7 @@ static void point_fp32_linears(Model *m, const float *const at[7]) {
     }
 }
 
-static size_t fp32_linear_floats(const Config *c, int w) {
+size_t fp32_linear_floats(const Config *c, int w) {
     int rows, cols;
     linear_shape(c, w, &rows, &cols);
     return (size_t)c->n_layers * rows * cols;

@@ -85,6 +85,8 @@ typedef struct {
 enum { W_Q, W_K, W_V, W_O, W_1, W_2, W_3 };
 void q8_layout(const Config *c, int gs, int shared, Q8Layout *L);
 void linear_shape(const Config *c, int which, int *rows, int *cols);   // which: W_Q..W_3
+size_t fp32_linear_floats(const Config *c, int which);                 // all layers' elements
+int alloc_layer_mats(Model *m);   // the 7 per-layer Mat arrays, one block owned by m->w.wq
 extern const char *const linear_names[7];
 
 // Quantization of one row: groups of gs along the row, scale = max|w| / 127,

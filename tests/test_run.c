@@ -1,0 +1,669 @@
+// test_run.c: unit and end-to-end tests, built against the engine's own sources (run.c is
+// included with its main() left out) under AddressSanitizer and UBSan.
+// Prints one line per test: PASS, FAIL or SKIP, then the totals; exits 1 if anything failed.
+// Usage: test_run [models-dir] (default: models), run from the repository root (it calls ./quantize).
+#define RUN_NO_MAIN
+#include "../run.c"
+
+#include <stdarg.h>
+#include <sys/stat.h>
+
+static int n_pass, n_fail, n_skip;
+static char tmpdir[256] = "/tmp/q8test.XXXXXX";
+static const char *models_dir = "models";
+
+static void check(int ok, const char *name, const char *fmt, ...) {
+    if (ok) {
+        printf("PASS %s\n", name);
+        n_pass++;
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL %s: ", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    n_fail++;
+}
+
+static void skip(const char *name, const char *why) {
+    printf("SKIP %s: %s\n", name, why);
+    n_skip++;
+}
+
+// ----------------------------------------------------------------------------
+// Random numbers and small helpers
+
+static unsigned long long rng_state = 0x853c49e6748fea9bull;
+static float urand(void) { return (random_u32(&rng_state) >> 8) / 16777216.0f; }   // [0, 1)
+static float nrand(void) {
+    float u1 = urand() + 1e-7f, u2 = urand();
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+static void *arena[4096];
+static int n_arena;
+static void *talloc(size_t bytes) {
+    void *p = xcalloc(bytes ? bytes : 1, 1);
+    arena[n_arena++] = p;
+    return p;
+}
+static void arena_free(void) {
+    while (n_arena) free(arena[--n_arena]);
+}
+
+static char *tpath(const char *name) {
+    static char buf[8][512];
+    static int i;
+    char *p = buf[i++ % 8];
+    snprintf(p, 512, "%s/%s", tmpdir, name);
+    return p;
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static char *model_path(const char *name) {
+    static char buf[4][512];
+    static int i;
+    char *p = buf[i++ % 4];
+    snprintf(p, 512, "%s/%s", models_dir, name);
+    return p;
+}
+
+static int sh(const char *fmt, ...) {
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    return system(cmd);
+}
+
+// relative L2 error of a against the reference b; NaN stays NaN
+static double rel_l2(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return sqrt(num / den);
+}
+
+// ----------------------------------------------------------------------------
+// Quantizer
+
+static void test_quantize_row(void) {
+    int gss[] = {128, 64, 32, 8, 16, 7}, colss[] = {64, 172, 200, 1, 300, 4096};
+    for (size_t a = 0; a < sizeof gss / sizeof gss[0]; a++)
+        for (size_t b = 0; b < sizeof colss / sizeof colss[0]; b++) {
+            int gs = gss[a], cols = colss[b], groups = ceil_div(cols, gs);
+            float *w = talloc(cols * sizeof(float)), *s = talloc(groups * sizeof(float));
+            int8_t *q = talloc(cols);
+            for (int j = 0; j < cols; j++) w[j] = nrand() * (j / gs % 3 == 1 ? 1e-3f : 0.5f);
+            int zero_group = groups > 1 ? 1 : -1;   // one all-zero group where there are several
+            for (int j = 0; zero_group >= 0 && j < cols; j++)
+                if (j / gs == zero_group) w[j] = 0.0f;
+            for (int j = 0; j < cols; j++) q[j] = 0x55;   // poison
+            for (int g = 0; g < groups; g++) s[g] = NAN;   // poison
+            quantize_row(w, cols, gs, q, s);
+            int ok = 1;
+            char what[200] = "";
+            for (int g = 0; g < groups && ok; g++) {
+                int lo = g * gs, hi = lo + gs < cols ? lo + gs : cols, qmax = 0;
+                for (int j = lo; j < hi; j++) {
+                    double err = fabs((double)q[j] * s[g] - w[j]);
+                    if (!(err <= s[g] * 0.5 * (1 + 1e-6) + 1e-30) || q[j] < -127) {
+                        snprintf(what, sizeof what, "element %d: w %g q %d scale %g err %g", j, w[j], q[j], s[g], err);
+                        ok = 0;
+                        break;
+                    }
+                    qmax = abs(q[j]) > qmax ? abs(q[j]) : qmax;
+                }
+                if (ok && g == zero_group && !(s[g] == 0.0f && qmax == 0)) {
+                    snprintf(what, sizeof what, "zero group %d has scale %g, max |q| %d", g, s[g], qmax);
+                    ok = 0;
+                }
+                if (ok && g != zero_group && qmax != 127) {
+                    snprintf(what, sizeof what, "group %d's largest weight maps to %d, not 127", g, qmax);
+                    ok = 0;
+                }
+            }
+            char name[64];
+            snprintf(name, sizeof name, "quantize_row gs=%d cols=%d", gs, cols);
+            check(ok, name, "%s", what);
+        }
+}
+
+// ----------------------------------------------------------------------------
+// A random model in memory, and a float64 reference forward over any Mat.
+
+static Mat random_mat(int rows, int cols, int quantized, int gs, float std) {
+    float *f = talloc((size_t)rows * cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)rows * cols; i++) f[i] = nrand() * std;
+    Mat m = {rows, cols, cols, 0, 0, f, NULL, NULL};
+    if (!quantized) return m;
+    m = (Mat){rows, cols, round_up(cols, ROW_ALIGN), gs, ceil_div(cols, gs), NULL, NULL, NULL};
+    int8_t *q = talloc((size_t)rows * m.stride);
+    float *s = talloc((size_t)rows * m.groups * sizeof(float));
+    for (int r = 0; r < rows; r++) quantize_row(f + (size_t)r * cols, cols, gs, q + (size_t)r * m.stride, s + (size_t)r * m.groups);
+    m.q = q, m.s = s;
+    return m;
+}
+
+static void random_model(Model *m, Config c, int quantized, int gs, int shared) {
+    memset(m, 0, sizeof *m);
+    m->cfg = c;
+    m->quantized = quantized;
+    m->gs = gs;
+    m->shared_classifier = shared;
+    alloc_layer_mats(m);
+    arena[n_arena++] = m->w.wq;
+    m->w.tok_embedding = random_mat(c.vocab_size, c.dim, quantized, gs, 1.0f);
+    Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++)
+        for (int l = 0; l < c.n_layers; l++) {
+            int rows, cols;
+            linear_shape(&c, w, &rows, &cols);
+            dst[w][l] = random_mat(rows, cols, quantized, gs, 1.0f / sqrtf(cols));
+        }
+    m->w.wcls = shared ? m->w.tok_embedding : random_mat(c.vocab_size, c.dim, quantized, gs, 1.0f / sqrtf(c.dim));
+    float *norms = talloc(((size_t)2 * c.n_layers + 1) * c.dim * sizeof(float));
+    for (size_t i = 0; i < ((size_t)2 * c.n_layers + 1) * c.dim; i++) norms[i] = 1.0f + 0.2f * nrand();
+    m->w.rms_att = norms;
+    m->w.rms_ffn = norms + (size_t)c.n_layers * c.dim;
+    m->w.rms_final = norms + (size_t)2 * c.n_layers * c.dim;
+}
+
+static double wval(const Mat *m, int r, int c) {
+    if (m->f) return m->f[(size_t)r * m->stride + c];
+    return (double)m->q[(size_t)r * m->stride + c] * m->s[(size_t)r * m->groups + c / m->gs];
+}
+
+static void ref_matvec(double *out, const double *x, const Mat *m) {
+    for (int r = 0; r < m->rows; r++) {
+        double acc = 0;
+        for (int c = 0; c < m->cols; c++) acc += wval(m, r, c) * x[c];
+        out[r] = acc;
+    }
+}
+
+static void ref_rmsnorm(double *out, const double *x, const float *w, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    ss = 1.0 / sqrt(ss / n + 1e-5);
+    for (int i = 0; i < n; i++) out[i] = w[i] * ss * x[i];
+}
+
+// Logits (T, vocab) of tokens[0..T) at positions 0..T-1, all in double.
+static double *ref_forward(const Model *m, const int *tokens, int T) {
+    const Config *c = &m->cfg;
+    int D = c->dim, H = c->hidden_dim, hs = D / c->n_heads, kvd = hs * c->n_kv_heads, kv_mul = c->n_heads / c->n_kv_heads;
+    double *x = talloc(D * 8.0), *xb = talloc(D * 8.0), *q = talloc(D * 8.0), *o = talloc(D * 8.0);
+    double *h1 = talloc(H * 8.0), *h3 = talloc(H * 8.0), *att = talloc(T * 8.0);
+    double *K = talloc((size_t)c->n_layers * T * kvd * 8), *V = talloc((size_t)c->n_layers * T * kvd * 8);
+    double *logits = talloc((size_t)T * c->vocab_size * 8);
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < D; i++) x[i] = wval(&m->w.tok_embedding, tokens[t], i);
+        for (int l = 0; l < c->n_layers; l++) {
+            double *k = K + ((size_t)l * T + t) * kvd, *v = V + ((size_t)l * T + t) * kvd;
+            ref_rmsnorm(xb, x, m->w.rms_att + (size_t)l * D, D);
+            ref_matvec(q, xb, &m->w.wq[l]);
+            ref_matvec(k, xb, &m->w.wk[l]);
+            ref_matvec(v, xb, &m->w.wv[l]);
+            for (int i = 0; i < D; i += 2) {
+                double ang = t * pow(10000.0, -(double)(i % hs) / hs), cs = cos(ang), sn = sin(ang);
+                double *vecs[2] = {q, k};
+                for (int w = 0; w < (i < kvd ? 2 : 1); w++) {
+                    double a = vecs[w][i], b = vecs[w][i + 1];
+                    vecs[w][i] = a * cs - b * sn;
+                    vecs[w][i + 1] = a * sn + b * cs;
+                }
+            }
+            for (int h = 0; h < c->n_heads; h++) {
+                double mx = -1e300, sum = 0;
+                for (int u = 0; u <= t; u++) {
+                    const double *ku = K + ((size_t)l * T + u) * kvd + (h / kv_mul) * hs;
+                    double sc = 0;
+                    for (int i = 0; i < hs; i++) sc += q[h * hs + i] * ku[i];
+                    att[u] = sc / sqrt(hs);
+                    mx = att[u] > mx ? att[u] : mx;
+                }
+                for (int u = 0; u <= t; u++) sum += att[u] = exp(att[u] - mx);
+                for (int i = 0; i < hs; i++) {
+                    double acc = 0;
+                    for (int u = 0; u <= t; u++) acc += att[u] / sum * V[((size_t)l * T + u) * kvd + (h / kv_mul) * hs + i];
+                    o[h * hs + i] = acc;
+                }
+            }
+            ref_matvec(xb, o, &m->w.wo[l]);
+            for (int i = 0; i < D; i++) x[i] += xb[i];
+            ref_rmsnorm(xb, x, m->w.rms_ffn + (size_t)l * D, D);
+            ref_matvec(h1, xb, &m->w.w1[l]);
+            ref_matvec(h3, xb, &m->w.w3[l]);
+            for (int i = 0; i < H; i++) h1[i] = h1[i] / (1 + exp(-h1[i])) * h3[i];
+            ref_matvec(xb, h1, &m->w.w2[l]);
+            for (int i = 0; i < D; i++) x[i] += xb[i];
+        }
+        ref_rmsnorm(xb, x, m->w.rms_final, D);
+        ref_matvec(logits + (size_t)t * c->vocab_size, xb, &m->w.wcls);
+    }
+    return logits;
+}
+
+// Runs tokens through an executor: a batched prefill of `first` tokens, then one at a time.
+// Returns the logits of every position, (T, vocab), copied to host memory.
+static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
+    int V = e->cfg.vocab_size;
+    float *out = talloc((size_t)T * V * sizeof(float));
+    for (size_t i = 0; i < (size_t)T * V; i++) out[i] = NAN;   // poison
+    for (int pos = 0; pos < T;) {
+        int M = pos == 0 ? first : 1;
+        const float *l = e->ops->to_host(e, forward(e, tokens + pos, M, pos, 1), M);
+        memcpy(out + (size_t)pos * V, l, (size_t)M * V * sizeof(float));
+        pos += M;
+    }
+    return out;
+}
+
+static const Config small_shapes[] = {
+    {48, 172, 2, 6, 2, 67, 24},    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
+    {64, 100, 1, 4, 4, 50, 16},    // no grouping
+    {40, 56, 2, 5, 1, 33, 70},     // head size 8, ratio 5; a context longer than MAX_BATCH
+};
+
+static void test_cpu_forward(void) {
+    for (size_t si = 0; si < sizeof small_shapes / sizeof small_shapes[0]; si++)
+        for (int quantized = 0; quantized <= 1; quantized++)
+            for (int shared = 0; shared <= 1; shared++) {
+                Config c = small_shapes[si];
+                Model m;
+                random_model(&m, c, quantized, quantized ? 32 : 0, shared);
+                int T = c.seq_len, *tokens = talloc(T * sizeof(int));
+                for (int t = 0; t < T; t++) tokens[t] = random_u32(&rng_state) % c.vocab_size;
+                double *ref = ref_forward(&m, tokens, T);
+                Exec e;
+                cpu_exec_init(&e, &m);
+                int first = T < 7 ? T : 7;
+                float *got = exec_logits(&e, tokens, T, first);
+                double err = rel_l2(got, ref, (size_t)T * c.vocab_size);
+                char name[128];
+                snprintf(name, sizeof name, "cpu forward vs float64 reference: shape %zu %s %s", si, quantized ? "int8 gs32" : "fp32",
+                         shared ? "shared" : "unshared");
+                check(err <= 1e-4, name, "relative L2 error %.3e > 1e-4", err);
+                // batched prefill is the same computation as token by token
+                float *seq = exec_logits(&e, tokens, T, 1);
+                double diff = 0;
+                for (size_t i = 0; i < (size_t)T * c.vocab_size; i++) diff = fmax(diff, fabs(seq[i] - got[i]));
+                snprintf(name, sizeof name, "cpu batched prefill == sequential: shape %zu %s", si, quantized ? "int8" : "fp32");
+                check(diff == 0.0, name, "max difference %.3e", diff);
+                e.ops->release(&e);
+                arena_free();
+            }
+}
+
+// ----------------------------------------------------------------------------
+// Loaders: good files of every format, and each kind of bad one.
+
+static int write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    char err[ERR_LEN];
+    char *d = read_file(path, (size_t)1 << 30, n, err);
+    if (d) arena[n_arena++] = d;
+    return (unsigned char *)d;
+}
+
+static void put_floats(unsigned char **p, const float *f, size_t n) {
+    memcpy(*p, f, n * 4);
+    *p += n * 4;
+}
+
+// The v1 and v2 layouts of llama2.c's export.py, written from a loaded FP32 model: fixtures only.
+static size_t write_v1(const char *path, const Model *m) {
+    const Config *c = &m->cfg;
+    size_t D = c->dim, L = c->n_layers, n = HEADER_BYTES + 4 * ((2 * L + 1) * D + 2 * (size_t)c->vocab_size * D);
+    for (int w = 0; w < 7; w++) n += 4 * fp32_linear_floats(c, w);
+    unsigned char *buf = talloc(n), *p = buf + HEADER_BYTES;
+    uint32_t magic = LLAMA2C_MAGIC;
+    int32_t hdr[8] = {1, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len};
+    memcpy(buf, &magic, 4), memcpy(buf + 4, hdr, 32);
+    buf[36] = (unsigned char)m->shared_classifier;
+    put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
+    put_floats(&p, m->w.tok_embedding.f, (size_t)c->vocab_size * D);
+    for (int w = 0; w < 7; w++) put_floats(&p, m->w.wq[0 + w * L].f, fp32_linear_floats(c, w));   // layers are contiguous
+    if (!m->shared_classifier) put_floats(&p, m->w.wcls.f, (size_t)c->vocab_size * D);
+    n = p - buf;
+    return write_file(path, buf, n) ? 0 : n;
+}
+
+static void put_q80(unsigned char **p, const float *w, size_t n, int gs) {
+    float *s = talloc(n / gs * 4);
+    for (size_t g = 0; g < n / gs; g++) quantize_row(w + g * gs, gs, gs, (int8_t *)*p + g * gs, s + g);   // flattened groups
+    *p += n;
+    put_floats(p, s, n / gs);
+}
+
+static size_t write_v2(const char *path, const Model *m, int gs) {
+    const Config *c = &m->cfg;
+    size_t D = c->dim, L = c->n_layers, n = HEADER_BYTES + 4 * (2 * L + 1) * D + 10 * (size_t)c->vocab_size * D;
+    for (int w = 0; w < 7; w++) n += 5 * fp32_linear_floats(c, w);
+    unsigned char *buf = talloc(n), *p = buf + HEADER_BYTES;
+    uint32_t magic = LLAMA2C_MAGIC;
+    int32_t hdr[8] = {2, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len};
+    memcpy(buf, &magic, 4), memcpy(buf + 4, hdr, 32);
+    buf[36] = (unsigned char)m->shared_classifier;
+    memcpy(buf + 37, &gs, 4);
+    put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
+    put_q80(&p, m->w.tok_embedding.f, (size_t)c->vocab_size * D, gs);
+    Mat *src[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++)
+        for (size_t l = 0; l < L; l++) put_q80(&p, src[w][l].f, (size_t)src[w][l].rows * src[w][l].cols, gs);
+    if (!m->shared_classifier) put_q80(&p, m->w.wcls.f, (size_t)c->vocab_size * D, gs);
+    n = p - buf;
+    return write_file(path, buf, n) ? 0 : n;
+}
+
+// max |a - b| over all linear weights of two models of one config
+static double max_weight_diff(const Model *a, const Model *b) {
+    double d = 0;
+    const Config *c = &a->cfg;
+    const Mat *ma[7] = {a->w.wq, a->w.wk, a->w.wv, a->w.wo, a->w.w1, a->w.w2, a->w.w3};
+    const Mat *mb[7] = {b->w.wq, b->w.wk, b->w.wv, b->w.wo, b->w.w1, b->w.w2, b->w.w3};
+    for (int w = 0; w < 7; w++)
+        for (int l = 0; l < c->n_layers; l++)
+            for (int r = 0; r < ma[w][l].rows; r++)
+                for (int k = 0; k < ma[w][l].cols; k++) d = fmax(d, fabs(wval(&ma[w][l], r, k) - wval(&mb[w][l], r, k)));
+    for (int r = 0; r < c->vocab_size; r++)
+        for (int k = 0; k < c->dim; k++) {
+            d = fmax(d, fabs(wval(&a->w.tok_embedding, r, k) - wval(&b->w.tok_embedding, r, k)));
+            d = fmax(d, fabs(wval(&a->w.wcls, r, k) - wval(&b->w.wcls, r, k)));
+        }
+    return d;
+}
+
+// Expects load_model to refuse `bytes` written as a file, with a message naming the file.
+static void expect_refused(const char *name, const unsigned char *bytes, size_t n, const char *keyword) {
+    char *path = tpath("bad.bin"), err[ERR_LEN] = "";
+    Model m;
+    write_file(path, bytes, n);
+    int rc = load_model(path, &m, err);
+    if (rc == 0) free_model(&m);
+    int ok = rc == -1 && strstr(err, path) == err && (!keyword || strstr(err, keyword));
+    check(ok, name, "rc %d, message \"%s\" (expected the path and \"%s\")", rc, err, keyword ? keyword : "");
+}
+
+static void mutate_i32(const char *name, const unsigned char *good, size_t n, size_t at, int32_t value, const char *keyword) {
+    unsigned char *bad = talloc(n);
+    memcpy(bad, good, n);
+    memcpy(bad + at, &value, 4);
+    expect_refused(name, bad, n, keyword);
+}
+
+// Cut points: inside the header, at its end, in the weights, one byte short; and one byte extra.
+static void truncations(const char *fmt, const unsigned char *good, size_t n) {
+    size_t cuts[] = {0, 3, 8, 27, 28, 100, 255, 256, n / 3, n / 2, n - 1};
+    char name[128];
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        snprintf(name, sizeof name, "%s truncated to %zu of %zu bytes is refused", fmt, cuts[i], n);
+        expect_refused(name, good, cuts[i], NULL);
+    }
+    unsigned char *longer = talloc(n + 1);
+    memcpy(longer, good, n);
+    snprintf(name, sizeof name, "%s with a trailing byte is refused", fmt);
+    expect_refused(name, longer, n + 1, "header implies");
+}
+
+// Each impossible dimension, at the config's offset in the header.
+static void bad_dims(const char *fmt, const unsigned char *good, size_t n, size_t cfg_at) {
+    struct { const char *what; int field; int32_t value; const char *keyword; } cases[] = {
+        {"dim 0", 0, 0, "dim"},
+        {"dim -64", 0, -64, "dim"},
+        {"hidden_dim 0", 1, 0, "hidden_dim"},
+        {"n_layers 0", 2, 0, "n_layers"},
+        {"n_layers 2^30", 2, 1 << 30, "n_layers"},
+        {"n_heads 0", 3, 0, "n_heads"},
+        {"dim not divisible by n_heads", 3, 3, "divisible by n_heads"},
+        {"n_kv_heads 0", 4, 0, "n_kv_heads"},
+        {"n_heads not divisible by n_kv_heads", 4, 3, "n_kv_heads"},
+        {"odd head size", 3, 32, "odd"},
+        {"vocab_size 2", 5, 2, "vocab_size"},
+        {"vocab_size 2^30", 5, 1 << 30, "vocab_size"},
+        {"seq_len 0", 6, 0, "seq_len"},
+        {"seq_len -1", 6, -1, "seq_len"},
+        {"a larger dimension than the file holds", 1, 4096, "header implies"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s with %s is refused", fmt, cases[i].what);
+        mutate_i32(name, good, n, cfg_at + 4 * cases[i].field, cases[i].value, cases[i].keyword);
+    }
+}
+
+static void test_loaders(void) {
+    // Config (dim 32, hidden 40, 2 layers, 4 heads, 2 kv heads, vocab 50 unshared, seq 16): head size 8
+    const char *v0 = tpath("v0.bin"), *q8 = tpath("q8.bin"), *v1 = tpath("v1.bin"), *v2 = tpath("v2.bin");
+    if (sh("./quantize --synthetic 32,40,2,4,2,-50,16 --fp32 %s 2>/dev/null", v0) ||
+        sh("./quantize %s %s -g 16 >/dev/null", v0, q8)) {
+        check(0, "quantize writes the loader fixtures", "./quantize failed");
+        return;
+    }
+    char err[ERR_LEN];
+    Model m0, m;
+    int rc = load_model(v0, &m0, err);
+    check(rc == 0 && m0.format == FMT_V0 && !m0.shared_classifier, "load llama2.c v0 (unshared, freq_cis tables)", "%s", err);
+    if (rc) return;
+    size_t n1 = write_v1(v1, &m0), n2 = write_v2(v2, &m0, 8);
+    rc = load_model(v1, &m, err);
+    check(rc == 0 && m.format == FMT_V1 && max_weight_diff(&m0, &m) == 0.0, "load llama2.c v1: same weights as v0", "%s", err);
+    if (rc == 0) free_model(&m);
+    rc = load_model(q8, &m, err);
+    double d = rc == 0 ? max_weight_diff(&m0, &m) : 1;
+    check(rc == 0 && m.format == FMT_Q8LM && m.gs == 16 && d < 0.05, "load Q8LM gs 16: weights within quantization error", "%s %g", err, d);
+    if (rc == 0) free_model(&m);
+    rc = load_model(v2, &m, err);
+    d = rc == 0 ? max_weight_diff(&m0, &m) : 1;
+    check(rc == 0 && m.format == FMT_V2 && m.gs == 8 && d < 0.05, "load llama2.c v2 gs 8 (row-aligned groups)", "%s %g", err, d);
+    if (rc == 0) free_model(&m);
+
+    size_t n0, nq;
+    unsigned char *b0 = slurp(v0, &n0), *bq = slurp(q8, &nq), *b1 = slurp(v1, &n1), *b2 = slurp(v2, &n2);
+    if (!b0 || !bq || !b1 || !b2) {
+        check(0, "read back the loader fixtures", "");
+        free_model(&m0);
+        return;
+    }
+    truncations("v0", b0, n0), truncations("v1", b1, n1), truncations("v2", b2, n2), truncations("Q8LM", bq, nq);
+    bad_dims("v0", b0, n0, 0), bad_dims("v1", b1, n1, 8), bad_dims("v2", b2, n2, 8), bad_dims("Q8LM", bq, nq, 8);
+    mutate_i32("v1 with version 3 is refused", b1, n1, 4, 3, "version");
+    mutate_i32("Q8LM with version 2 is refused", bq, nq, 4, 2, "version");
+    mutate_i32("Q8LM with group_size 0 is refused", bq, nq, 36, 0, "group_size");
+    mutate_i32("Q8LM with group_size -8 is refused", bq, nq, 36, -8, "group_size");
+    mutate_i32("Q8LM with a different group_size than its data is refused", bq, nq, 36, 32, "header implies");
+    mutate_i32("Q8LM with shared_classifier 2 is refused", bq, nq, 40, 2, "shared_classifier");
+    mutate_i32("Q8LM with row_align 8 is refused", bq, nq, 44, 8, "row_align");
+    mutate_i32("Q8LM claiming a shared classifier (size mismatch) is refused", bq, nq, 40, 1, "header implies");
+    mutate_i32("v2 with group_size 0 is refused", b2, n2, 37, 0, "group_size");
+    mutate_i32("v2 whose groups straddle rows is refused", b2, n2, 37, 3, "straddle");
+    unsigned char *wrong = talloc(n1);
+    memcpy(wrong, b1, n1);
+    wrong[0] ^= 0xFF;   // neither magic: read as a legacy header of nonsense
+    expect_refused("v1 with a wrong magic is refused", wrong, n1, NULL);
+    free_model(&m0);
+    arena_free();
+}
+
+// ----------------------------------------------------------------------------
+// Tokenizer
+
+static void round_trip(const Tokenizer *t, const char *tname, const char *text, int want_bytes) {
+    int *tokens = talloc((strlen(text) + 3) * sizeof(int)), n = 0;
+    char err[ERR_LEN] = "", *out = talloc(strlen(text) * 4 + 64), name[160];
+    int rc = encode(t, text, 1, tokens, &n, err), byte_tokens = 0;
+    for (int i = 1; rc == 0 && i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= t->vocab_size) rc = -1;
+        else strcat(out, decode(t, tokens[i - 1], tokens[i]));
+        for (int b = 0; b < 256 && rc == 0; b++) byte_tokens += tokens[i] == t->byte_token[b];
+    }
+    snprintf(name, sizeof name, "%s round trip (%zu bytes%s)", tname, strlen(text), want_bytes ? ", byte fallback" : "");
+    check(rc == 0 && n > 0 && tokens[0] == BOS && !strcmp(out, text) && (!want_bytes || byte_tokens >= want_bytes), name,
+          "rc %d (%s), %d tokens, first %d, %d byte tokens, decoded \"%s\"", rc, err, n, n ? tokens[0] : -1, byte_tokens, out);
+}
+
+static void test_tokenizer_file(const char *file, int vocab) {
+    Tokenizer t;
+    char err[ERR_LEN], name[128];
+    if (!file_exists(file)) {
+        snprintf(name, sizeof name, "tokenizer %s", file);
+        skip(name, "file not present (make models)");
+        return;
+    }
+    int rc = build_tokenizer(&t, file, vocab, err);
+    snprintf(name, sizeof name, "tokenizer %s loads with %d entries", file, vocab);
+    check(rc == 0, name, "%s", err);
+    if (rc) return;
+    round_trip(&t, file, "Once upon a time, there was a little girl named Lily. She loved to play.", 0);
+    round_trip(&t, file, "def f(x):\n    return {'a': x * 2}  # done\n", 0);
+    round_trip(&t, file, "caf\xc3\xa9 \xf0\x9f\x98\x80!", 4);   // "café 😀!": the emoji has no token in either vocab
+    round_trip(&t, file, "", 0);
+    if (vocab == 32000) {
+        // Llama 2's tokenizer: known ids (sentencepiece gives the same)
+        int want[] = {1, 306, 4658, 278, 6593, 310, 2834, 338}, tokens[64], n = 0;
+        rc = encode(&t, "I believe the meaning of life is", 1, tokens, &n, err);
+        check(rc == 0 && n == 8 && !memcmp(tokens, want, sizeof want), "llama tokenizer: known token ids", "got %d tokens", n);
+    }
+    // a larger vocabulary than the file holds, and a smaller one
+    Tokenizer t2;
+    rc = build_tokenizer(&t2, file, vocab + 1, err);
+    check(rc == -1 && strstr(err, "truncated"), "tokenizer refused for a larger model vocabulary", "%s", err);
+    if (rc == 0) free_tokenizer(&t2);
+    rc = build_tokenizer(&t2, file, vocab - 1, err);
+    check(rc == -1 && strstr(err, "bytes follow"), "tokenizer refused for a smaller model vocabulary", "%s", err);
+    if (rc == 0) free_tokenizer(&t2);
+    free_tokenizer(&t);
+    arena_free();
+}
+
+static void test_bad_tokenizers(void) {
+    // a valid 4-entry tokenizer: max_token_length 3, entries "a" "b" "ab" "c"
+    unsigned char good[256], *p = good;
+    int32_t mtl = 3;
+    memcpy(p, &mtl, 4), p += 4;
+    const char *pieces[] = {"a", "b", "ab", "c"};
+    for (int i = 0; i < 4; i++) {
+        float score = (float)i;
+        int32_t len = (int32_t)strlen(pieces[i]);
+        memcpy(p, &score, 4), memcpy(p + 4, &len, 4), memcpy(p + 8, pieces[i], len);
+        p += 8 + len;
+    }
+    size_t n = p - good;
+    Tokenizer t;
+    char err[ERR_LEN], *path = tpath("tok.bin");
+    write_file(path, good, n);
+    int rc = build_tokenizer(&t, path, 4, err);
+    check(rc == 0, "tiny tokenizer loads", "%s", err);
+    if (rc == 0) {
+        int tokens[16], nt = 0;
+        rc = encode(&t, "x", 1, tokens, &nt, err);   // no " ", no "x", no byte tokens
+        check(rc == -1 && strstr(err, "byte token"), "encode refuses a character the vocab cannot express", "%s", err);
+        free_tokenizer(&t);
+    }
+    struct { const char *what; size_t at; int32_t value; size_t len; } cases[] = {
+        {"max_token_length 0", 0, 0, 0},
+        {"max_token_length -1", 0, -1, 0},
+        {"a negative length", 8, -1, 0},
+        {"a length over max_token_length", 8, 4, 0},
+        {"a NaN score", 4, 0x7fc00000, 0},
+        {"an infinite score", 4, 0x7f800000, 0},
+        {"truncated to 2 bytes", 0, 3, 2},
+        {"truncated inside an entry", 0, 3, 14},
+        {"truncated inside a piece", 0, 3, n - 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unsigned char bad[256];
+        memcpy(bad, good, n);
+        memcpy(bad + cases[i].at, &cases[i].value, 4);
+        write_file(path, bad, cases[i].len ? cases[i].len : n);
+        rc = build_tokenizer(&t, path, 4, err);
+        char name[128];
+        snprintf(name, sizeof name, "tokenizer with %s is refused", cases[i].what);
+        check(rc == -1 && strstr(err, path) == err, name, "rc %d, \"%s\"", rc, err);
+        if (rc == 0) free_tokenizer(&t);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// End to end on real models: INT8 greedy text agrees with FP32's.
+
+static int *greedy_tokens(Exec *e, int n) {
+    int *tokens = talloc((n + 1) * sizeof(int));
+    tokens[0] = BOS;
+    for (int pos = 0; pos < n; pos++) tokens[pos + 1] = e->ops->argmax(e, forward(e, &tokens[pos], 1, pos, 0));
+    return tokens;
+}
+
+static void test_greedy_agreement(const char *file, int n_tokens, int must_agree) {
+    char *fp32 = model_path(file), err[ERR_LEN], name[160];
+    if (!file_exists(fp32)) {
+        snprintf(name, sizeof name, "%s: INT8 greedy agrees with FP32", file);
+        skip(name, "model not present (make models; code15M comes only from ../shared/models)");
+        return;
+    }
+    Model m;
+    if (load_model(fp32, &m, err)) {
+        check(0, file, "%s", err);
+        return;
+    }
+    Exec e;
+    cpu_exec_init(&e, &m);
+    int *ref = greedy_tokens(&e, n_tokens);
+    e.ops->release(&e);
+    free_model(&m);
+    int gss[] = {128, 64, 32};
+    for (int g = 0; g < 3; g++) {
+        char *q8 = tpath("e2e_q8.bin");
+        snprintf(name, sizeof name, "%s int8 gs %d: greedy agrees with fp32 for >= %d of %d tokens", file, gss[g], must_agree, n_tokens);
+        if (sh("./quantize %s %s -g %d >/dev/null", fp32, q8, gss[g]) || load_model(q8, &m, err)) {
+            check(0, name, "quantize or load failed: %s", err);
+            continue;
+        }
+        cpu_exec_init(&e, &m);
+        int *got = greedy_tokens(&e, n_tokens), agree = 0;
+        while (agree < n_tokens && got[agree + 1] == ref[agree + 1]) agree++;
+        check(agree >= must_agree, name, "agreed for %d tokens", agree);
+        e.ops->release(&e);
+        free_model(&m);
+    }
+    arena_free();
+}
+
+#ifdef HAVE_GPU
+#include "test_gpu.inc"
+#else
+static void test_gpu(void) { skip("gpu", "this build has no GPU support (nvcc not found)"); }
+#endif
+
+int main(int argc, char **argv) {
+    if (argc > 1) models_dir = argv[1];
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_quantize_row();
+    test_cpu_forward();
+    test_loaders();
+    test_bad_tokenizers();
+    test_tokenizer_file(model_path("tok512.bin"), 512);
+    test_tokenizer_file("tokenizer.bin", 32000);
+    test_greedy_agreement("stories260K.bin", 200, 40);
+    test_greedy_agreement("code15M.bin", 60, 40);
+    test_gpu();
+    sh("rm -rf %s", tmpdir);
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
