@@ -21,7 +21,7 @@ endif
 .PHONY: all models demo test bench clean
 all: run quantize models models/stories260K_q8.bin
 
-run.o: run.c model.h kernels.h gpu_exec.inc
+run.o: run.c model.h kernels.h
 	$(CC) $(CFLAGS) $(GPU_DEFS) -c run.c -o $@
 model.o: model.c model.h
 	$(CC) $(CFLAGS) -c model.c -o $@
@@ -47,7 +47,7 @@ demo: all
 
 # Test builds: the same sources, with AddressSanitizer and UBSan.
 SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -g
-tests/test_run: tests/test_run.c tests/test_gpu.inc run.c model.c model.h $(GPU_OBJ) kernels.h gpu_exec.inc
+tests/test_run: tests/test_run.c run.c model.c model.h $(GPU_OBJ) kernels.h
 	$(CC) $(CFLAGS) -Wno-unused-function $(GPU_DEFS) -O2 $(SAN) -c tests/test_run.c -o tests/test_run.o
 	$(CC) $(CFLAGS) -O2 $(SAN) -c model.c -o tests/model_san.o
 	$(CC) $(SAN) -o $@ tests/test_run.o tests/model_san.o $(GPU_OBJ) $(GPU_LIBS) $(LDLIBS)
@@ -59,6 +59,9 @@ models/stories260K.greedy.txt:
 test: all tests/test_run
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh
+
+bench: run quantize tokenizer.bin
+	sh bench/bench.sh
 
 clean:
 	rm -f run quantize *.o tests/*.o tests/test_run

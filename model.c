@@ -175,12 +175,11 @@ static Mat q8_mat(const int8_t *q, const float *s, int rows, int cols, int gs) {
     return m;
 }
 
-int alloc_layer_mats(Model *m) {
-    int L = m->cfg.n_layers;
+int alloc_layer_mats(Weights *w, int L) {
     Mat *all = calloc((size_t)7 * L, sizeof(Mat));
     if (!all) return -1;
-    Mat **dst[7] = {&m->w.wq, &m->w.wk, &m->w.wv, &m->w.wo, &m->w.w1, &m->w.w2, &m->w.w3};
-    for (int w = 0; w < 7; w++) *dst[w] = all + (size_t)w * L;
+    Mat **dst[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3};
+    for (int i = 0; i < 7; i++) *dst[i] = all + (size_t)i * L;
     return 0;
 }
 
@@ -217,7 +216,7 @@ static int load_v0(Src *f, Model *m) {
     // freq_cis tables are optional only where nothing follows them
     if (!(m->shared_classifier && f->bytes == 28 + 4 * body) && check_size(f, with_freq, "legacy v0 FP32 layout"))
         return -1;
-    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
     const float *p = (const float *)(f->base + 28);
     m->w.tok_embedding = fp32_mat(p, c->vocab_size, c->dim);
     p += vd;
@@ -246,7 +245,7 @@ static int load_v1(Src *f, Model *m) {
     size_t floats = 2 * Ld + c->dim + vd + (m->shared_classifier ? 0 : vd);
     for (int w = 0; w < 7; w++) floats += fp32_linear_floats(c, w);
     if (check_size(f, HEADER_BYTES + 4 * floats, "llama2.c v1 FP32 layout")) return -1;
-    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
     const float *p = (const float *)(f->base + HEADER_BYTES);
     m->w.rms_att = p;
     m->w.rms_ffn = p + Ld;
@@ -307,8 +306,9 @@ static int load_v2(Src *f, Model *m) {
         s_bytes += n / m->gs * 4;
     }
     if (check_size(f, bytes, "llama2.c v2 INT8 layout")) return -1;
-    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
     if (!(m->owned = malloc(q_bytes + s_bytes))) return fail(f, "out of memory for the repacked weights");
+    m->owned_bytes = q_bytes + s_bytes;
     int8_t *q = m->owned;
     float *s = (float *)((unsigned char *)m->owned + q_bytes);   // q_bytes is a multiple of 16
     const float *norms = (const float *)(f->base + HEADER_BYTES);
@@ -345,7 +345,7 @@ static int load_q8lm(Src *f, Model *m) {
     Q8Layout L;
     q8_layout(c, m->gs, shared, &L);
     if (check_size(f, L.total, "Q8LM layout")) return -1;
-    if (alloc_layer_mats(m)) return fail(f, "out of memory");
+    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
     const unsigned char *b = f->base;
     m->w.tok_embedding = q8_mat((const int8_t *)(b + L.tok_q), (const float *)(b + L.tok_s), c->vocab_size, c->dim, m->gs);
     m->w.rms_att = (const float *)(b + L.rms_att);

@@ -65,7 +65,8 @@ typedef struct {
     Weights w;
     void *map;              // the file, mmapped read-only
     size_t map_bytes;
-    void *owned;            // buffers the loader allocated (repacked v2 weights, Mat arrays)
+    void *owned;            // weights the loader repacked (llama2.c v2), or NULL
+    size_t owned_bytes;
 } Model;
 
 // Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err.
@@ -86,7 +87,7 @@ enum { W_Q, W_K, W_V, W_O, W_1, W_2, W_3 };
 void q8_layout(const Config *c, int gs, int shared, Q8Layout *L);
 void linear_shape(const Config *c, int which, int *rows, int *cols);   // which: W_Q..W_3
 size_t fp32_linear_floats(const Config *c, int which);                 // all layers' elements
-int alloc_layer_mats(Model *m);   // the 7 per-layer Mat arrays, one block owned by m->w.wq
+int alloc_layer_mats(Weights *w, int n_layers);   // the 7 per-layer Mat arrays: one block, owned by w->wq
 extern const char *const linear_names[7];
 
 // Quantization of one row: groups of gs along the row, scale = max|w| / 127,

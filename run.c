@@ -298,14 +298,171 @@ static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_
 // ----------------------------------------------------------------------------
 // GPU executor (built when nvcc is there): kernels.h is its whole interface.
 
-#ifdef HAVE_GPU
-#include "gpu_exec.inc"
-#else
 typedef enum { PATH_FUSED, PATH_UNFUSED } GpuPath;
+#define GPU_UNAVAILABLE -1   // gpu_exec_init: no usable GPU; the caller may use the CPU
+#define GPU_TOO_SMALL -2     // the model does not fit; an error
+
+#ifdef HAVE_GPU
+typedef struct {
+    GpuCtx *ctx;
+    Weights w;                  // device mirror of the model's Weights
+    void *d_map, *d_owned;      // the uploaded file and the loader's repacked buffers
+    const Model *model;         // host side, for translating pointers
+    float *host_logits;         // (MAX_BATCH, vocab)
+} GpuExec;
+
+#define GPU(e) ((GpuExec *)(e)->priv)
+
+// The device address of a host pointer into the model's mapped file or its owned buffers.
+static const void *device_ptr(const GpuExec *g, const void *host) {
+    const char *h = host, *map = g->model->map, *owned = g->model->owned;
+    if (!host) return NULL;
+    if (h >= map && h < map + g->model->map_bytes) return (char *)g->d_map + (h - map);
+    if (owned && h >= owned && h < owned + g->model->owned_bytes) return (char *)g->d_owned + (h - owned);
+    fprintf(stderr, "run: internal error: a weight lies outside the model's buffers\n");
+    exit(1);
+}
+
+static Mat device_mat(const GpuExec *g, const Mat *m) {
+    Mat d = *m;
+    d.f = device_ptr(g, m->f);
+    d.q = device_ptr(g, m->q);
+    d.s = device_ptr(g, m->s);
+    return d;
+}
+
+static void gpu_op_embed(Exec *e, const int *tokens, int M) { gpu_embed(GPU(e)->ctx, e->s.x, tokens, M, &e->w->tok_embedding); }
+static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w, int M) {
+    gpu_rmsnorm(GPU(e)->ctx, out, in, w, M, e->cfg.dim);
+}
+// The only difference between the paths: how a linear layer is done.
+static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, const Mat *w) {
+    if (w->f) gpu_matmul_f32(GPU(e)->ctx, out, in, M, w->f, w->rows, w->cols, w->stride);
+    else gpu_matmul_q8_fused(GPU(e)->ctx, out, in, M, w);
+}
+static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, const Mat *w) {
+    if (w->f) gpu_matmul_f32(GPU(e)->ctx, out, in, M, w->f, w->rows, w->cols, w->stride);
+    else gpu_matmul_q8_unfused(GPU(e)->ctx, out, in, M, w);
+}
+static void gpu_op_rope(Exec *e, float *q, float *k, int M, int pos) {
+    int head_size = e->cfg.dim / e->cfg.n_heads;
+    gpu_rope(GPU(e)->ctx, q, k, M, pos, e->cfg.dim, head_size * e->cfg.n_kv_heads, head_size);
+}
+static void gpu_op_attention(Exec *e, int layer, int M, int pos) {
+    const Config *p = &e->cfg;
+    int head_size = p->dim / p->n_heads;
+    size_t loff = (size_t)layer * p->seq_len * head_size * p->n_kv_heads;
+    gpu_attention(GPU(e)->ctx, e->s.xb, e->s.q, e->s.key_cache + loff, e->s.value_cache + loff, M, pos, p->n_heads,
+                  p->n_kv_heads, head_size);
+}
+static void gpu_op_swiglu(Exec *e, float *h, const float *g, int n) { gpu_swiglu(GPU(e)->ctx, h, g, n); }
+static void gpu_op_add(Exec *e, float *x, const float *y, int n) { gpu_add(GPU(e)->ctx, x, y, n); }
+static const float *gpu_op_to_host(Exec *e, const float *logits, int rows) {
+    gpu_download(GPU(e)->ctx, GPU(e)->host_logits, logits, (size_t)rows * e->cfg.vocab_size * sizeof(float));
+    return GPU(e)->host_logits;
+}
+static int gpu_op_argmax(Exec *e, const float *logits) { return gpu_argmax(GPU(e)->ctx, logits, e->cfg.vocab_size); }
+
+static void gpu_op_release(Exec *e) {
+    GpuExec *g = GPU(e);
+    RunState *s = &e->s;
+    float *bufs[] = {s->x, s->xb, s->xb2, s->q, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache};
+    gpu_sync(g->ctx);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
+    gpu_free(g->d_map);
+    if (g->d_owned) gpu_free(g->d_owned);
+    free(g->w.wq);
+    free(g->host_logits);
+    gpu_destroy(g->ctx);
+    free(g);
+}
+
+static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_fused, gpu_op_rope,
+                                  gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_unfused,
+                                    gpu_op_rope, gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax,
+                                    gpu_op_release};
+static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_fused, gpu_op_rope,
+                                 gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+
+// Largest linear weight, in elements: the unfused path's scratch.
+static size_t largest_mat(const Model *m) {
+    size_t most = (size_t)m->w.wcls.rows * m->w.wcls.cols;
+    const Mat *all = m->w.wq;   // the 7 per-layer arrays are one block
+    for (int i = 0; i < 7 * m->cfg.n_layers; i++) most = (size_t)all[i].rows * all[i].cols > most ? (size_t)all[i].rows * all[i].cols : most;
+    return most;
+}
+
+static void mirror_weights(GpuExec *g, const Model *m) {
+    const Weights *h = &m->w;
+    Weights *d = &g->w;
+    if (alloc_layer_mats(d, m->cfg.n_layers)) {
+        fprintf(stderr, "run: out of memory\n");
+        exit(1);
+    }
+    d->tok_embedding = device_mat(g, &h->tok_embedding);
+    d->wcls = device_mat(g, &h->wcls);
+    for (int i = 0; i < 7 * m->cfg.n_layers; i++) d->wq[i] = device_mat(g, &h->wq[i]);
+    d->rms_att = device_ptr(g, h->rms_att);
+    d->rms_ffn = device_ptr(g, h->rms_ffn);
+    d->rms_final = device_ptr(g, h->rms_final);
+}
+
+// Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
+// activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
+static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
+    const Config *p = &m->cfg;
+    if (gpu_probe(why)) return GPU_UNAVAILABLE;
+    if (p->seq_len > gpu_attention_max_len()) {
+        snprintf(why, ERR_LEN, "seq_len %d is longer than the GPU attention kernel's %d", p->seq_len, gpu_attention_max_len());
+        return GPU_UNAVAILABLE;
+    }
+    size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads, B = MAX_BATCH;
+    size_t weights = m->map_bytes + m->owned_bytes, kv = 2 * (size_t)p->n_layers * p->seq_len * kv_dim * sizeof(float);
+    size_t acts = B * (4 * (size_t)p->dim + 2 * (size_t)p->hidden_dim + p->vocab_size) * sizeof(float);
+    size_t scratch = m->quantized && path == PATH_UNFUSED ? largest_mat(m) : 0, free_b, total_b;
+    size_t need = weights + kv + acts + scratch * sizeof(float) + ((size_t)512 << 20);   // + cuBLAS and context
+    gpu_mem_info(&free_b, &total_b);
+    if (need > free_b) {
+        snprintf(why, ERR_LEN,
+                 "the model needs %.2f GiB on the GPU (weights %.2f, KV cache %.2f, activations and scratch %.2f, "
+                 "reserve 0.50) but %s has %.2f GiB free of %.2f",
+                 need / 1073741824.0, weights / 1073741824.0, kv / 1073741824.0,
+                 (acts + scratch * sizeof(float)) / 1073741824.0, gpu_name(), free_b / 1073741824.0, total_b / 1073741824.0);
+        return GPU_TOO_SMALL;
+    }
+    GpuExec *g = xcalloc(1, sizeof(GpuExec));
+    g->model = m;
+    g->ctx = gpu_create(scratch);
+    g->d_map = gpu_alloc(m->map_bytes);
+    gpu_upload(g->d_map, m->map, m->map_bytes);
+    if (m->owned_bytes) {
+        g->d_owned = gpu_alloc(m->owned_bytes);
+        gpu_upload(g->d_owned, m->owned, m->owned_bytes);
+    }
+    mirror_weights(g, m);
+    g->host_logits = xcalloc(B * p->vocab_size, sizeof(float));
+    memset(e, 0, sizeof *e);
+    e->ops = !m->quantized ? &gpu_fp32_ops : path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
+    e->cfg = *p;
+    e->w = &g->w;
+    e->priv = g;
+    e->s.x = gpu_alloc(B * p->dim * sizeof(float));
+    e->s.xb = gpu_alloc(B * p->dim * sizeof(float));
+    e->s.xb2 = gpu_alloc(B * p->dim * sizeof(float));
+    e->s.q = gpu_alloc(B * p->dim * sizeof(float));
+    e->s.hb = gpu_alloc(B * p->hidden_dim * sizeof(float));
+    e->s.hb2 = gpu_alloc(B * p->hidden_dim * sizeof(float));
+    e->s.logits = gpu_alloc(B * p->vocab_size * sizeof(float));
+    e->s.key_cache = gpu_alloc(kv / 2);
+    e->s.value_cache = gpu_alloc(kv / 2);
+    return 0;
+}
+#else
 static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
     (void)e, (void)m, (void)path;
     snprintf(why, ERR_LEN, "this build has no GPU support (nvcc was not found at build time)");
-    return -1;
+    return GPU_UNAVAILABLE;
 }
 #endif
 
@@ -599,6 +756,21 @@ typedef struct {
     double prefill_s, decode_s;
 } GenStats;
 
+static size_t mat_bytes(const Mat *m) {
+    return m->f ? (size_t)m->rows * m->stride * sizeof(float)
+                : (size_t)m->rows * m->stride + (size_t)m->rows * m->groups * sizeof(float);
+}
+
+// Weight bytes one decode step must read: every linear weight and norm, the classifier, and one
+// embedding row. (Scales included; the KV cache is not.)
+static size_t weight_bytes_per_token(const Model *m) {
+    const Weights *w = &m->w;
+    const Mat *e = &w->tok_embedding;
+    size_t bytes = mat_bytes(&w->wcls) + (mat_bytes(e) / e->rows) + ((size_t)2 * m->cfg.n_layers + 1) * m->cfg.dim * sizeof(float);
+    for (int i = 0; i < 7 * m->cfg.n_layers; i++) bytes += mat_bytes(&w->wq[i]);   // the 7 per-layer arrays are one block
+    return bytes;
+}
+
 // Runs tokens[0..n) at positions pos.. in chunks of MAX_BATCH; returns the last token's logits.
 static const float *prefill(Exec *e, const int *tokens, int n, int pos) {
     const float *logits = NULL;
@@ -784,7 +956,9 @@ int main(int argc, char **argv) {
     Exec exec;
     const char *path_name = model.quantized ? "int8" : "fp32";
     if (!strcmp(device, "gpu")) {
-        if (gpu_exec_init(&exec, &model, unfused ? PATH_UNFUSED : PATH_FUSED, err) == 0) {
+        int rc = gpu_exec_init(&exec, &model, unfused ? PATH_UNFUSED : PATH_FUSED, err);
+        if (rc == GPU_TOO_SMALL) die(err);
+        if (rc == 0) {
             path_name = exec.ops->name;
         } else {
             fprintf(stderr, "run: GPU unavailable (%s); using the CPU\n", err);
@@ -818,9 +992,12 @@ int main(int argc, char **argv) {
             status = 1;
         } else {
             int decoded = st.generated > 0 ? st.generated - 1 : 0;   // the first sample came from prefill
-            fprintf(stderr, "prompt %d tokens, generated %d; prefill %.1f tok/s, decode %.1f tok/s; device %s, path %s, %s\n",
-                    st.prompt_tokens, st.generated, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0,
-                    st.decode_s > 0 ? decoded / st.decode_s : 0.0, device, path_name, format_name(model.format));
+            double decode_tps = st.decode_s > 0 ? decoded / st.decode_s : 0.0, gb = weight_bytes_per_token(&model) / 1e9;
+            fprintf(stderr,
+                    "prompt %d tokens, generated %d; prefill %.1f tok/s, decode %.1f tok/s; weights %.3f GB/token, "
+                    "%.1f GB/s effective; device %s, path %s, %s\n",
+                    st.prompt_tokens, st.generated, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0, decode_tps, gb,
+                    gb * decode_tps, device, path_name, format_name(model.format));
         }
         free_sampler(&sampler);
     }

@@ -157,7 +157,7 @@ static void random_model(Model *m, Config c, int quantized, int gs, int shared) 
     m->quantized = quantized;
     m->gs = gs;
     m->shared_classifier = shared;
-    alloc_layer_mats(m);
+    alloc_layer_mats(&m->w, c.n_layers);
     arena[n_arena++] = m->w.wq;
     m->w.tok_embedding = random_mat(c.vocab_size, c.dim, quantized, gs, 1.0f);
     Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
@@ -642,10 +642,231 @@ static void test_greedy_agreement(const char *file, int n_tokens, int must_agree
     arena_free();
 }
 
+// ----------------------------------------------------------------------------
+// GPU: each kernel against its CPU reference, then the executors end to end.
+// Reported as skipped where there is no usable GPU.
+
+#define N_GPU_GROUPS 6   // test groups skipped as one each when there is no GPU
 #ifdef HAVE_GPU
-#include "test_gpu.inc"
+
+static GpuCtx *gctx;
+
+static void *dev_put(const void *host, size_t bytes) {
+    void *d = gpu_alloc(bytes);
+    gpu_upload(d, host, bytes);
+    return d;
+}
+
+static void dev_poison(float *d, size_t n) {
+    float *nan = talloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    gpu_upload(d, nan, n * sizeof(float));
+}
+
+// y (M, N) vs the float64 reference: each element within 1e-5 of sum_k |w x| (FP32 accumulation
+// over up to 11008 terms), NaN (an unwritten output) fails. Returns the first failure or NULL.
+static const char *check_linear(const float *y, const Mat *w, const float *x, int M, char *what) {
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < w->rows; r++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < w->cols; k++) {
+                double t = wval(w, r, k) * x[(size_t)m * w->cols + k];
+                ref += t, mag += fabs(t);
+            }
+            double err = fabs(y[(size_t)m * w->rows + r] - ref);
+            if (!(err <= 1e-5 * mag + 1e-30)) {
+                snprintf(what, 200, "M %d: y[%d][%d] = %g, reference %g (tolerance %.2e)", M, m, r, y[(size_t)m * w->rows + r], ref, 1e-5 * mag);
+                return what;
+            }
+        }
+    return NULL;
+}
+
+static void test_gpu_linear(void) {
+    int Ks[] = {64, 172, 200, 4096, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 2, 3, 7, 16, 33, 100};
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+        for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
+            int K = Ks[ki], gs = gss[gi];
+            char what[200] = "", name[160];
+            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL;
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                int N = Ns[ni];
+                Mat h = random_mat(N, K, 1, gs, 1.0f / sqrtf(K));
+                Mat d = h;
+                d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
+                // dequant: exactly q * s
+                float *dq = gpu_alloc((size_t)N * K * sizeof(float)), *hq = talloc((size_t)N * K * sizeof(float));
+                dev_poison(dq, (size_t)N * K);
+                gpu_dequant(gctx, dq, &d);
+                gpu_download(gctx, hq, dq, (size_t)N * K * sizeof(float));
+                for (size_t i = 0; i < (size_t)N * K && !fail_dequant; i++)
+                    if (!(hq[i] == (float)wval(&h, (int)(i / K), (int)(i % K)))) {
+                        snprintf(what, sizeof what, "N %d: element %zu is %g, expected %g", N, i, hq[i], wval(&h, (int)(i / K), (int)(i % K)));
+                        fail_dequant = what;
+                    }
+                gpu_free(dq);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    int M = Ms[mi];
+                    float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
+                    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
+                    float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
+                    for (int path = 0; path < 2; path++) {
+                        dev_poison(dy, (size_t)M * N);
+                        if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d);
+                        else gpu_matmul_q8_unfused(gctx, dy, dx, M, &d);
+                        gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
+                        const char **slot = path == 0 ? &fail_fused : &fail_unfused;
+                        if (!*slot) *slot = check_linear(y, &h, x, M, what);
+                    }
+                    gpu_free(dx), gpu_free(dy);
+                }
+                gpu_free((void *)d.q), gpu_free((void *)d.s);
+                arena_free();
+            }
+            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..100, vs float64", K, gs);
+            check(!fail_fused, name, "%s", fail_fused);
+            snprintf(name, sizeof name, "gpu unfused dequant+cuBLAS K=%d gs=%d, vs float64", K, gs);
+            check(!fail_unfused, name, "%s", fail_unfused);
+            snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
+            check(!fail_dequant, name, "%s", fail_dequant);
+        }
+    // layer-sized shapes at M = 1
+    int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
+    for (int b = 0; b < 4; b++) {
+        int N = big[b][0], K = big[b][1];
+        Mat h = random_mat(N, K, 1, 128, 1.0f / sqrtf(K)), d = h;
+        d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
+        float *x = talloc(K * sizeof(float)), *y = talloc(N * sizeof(float));
+        for (int i = 0; i < K; i++) x[i] = nrand();
+        float *dx = dev_put(x, K * sizeof(float)), *dy = gpu_alloc(N * sizeof(float));
+        dev_poison(dy, N);
+        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d);
+        gpu_download(gctx, y, dy, N * sizeof(float));
+        char what[200], name[128];
+        const char *f = check_linear(y, &h, x, 1, what);
+        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64", N, K);
+        check(!f, name, "%s", f);
+        gpu_free(dx), gpu_free(dy), gpu_free((void *)d.q), gpu_free((void *)d.s);
+        arena_free();
+    }
+}
+
+// A random model written as llama2.c v1 FP32, its Q8LM quantization (gs), and optionally the
+// llama2.c v2 INT8 form (row-aligned groups of v2_gs): real files, so the GPU executor uploads them.
+static void random_model_files(Config c, int shared, int gs, int v2_gs, char *fp32, char *q8, char *v2) {
+    Model m;
+    random_model(&m, c, 0, 0, shared);
+    for (size_t i = 0; i < (size_t)c.vocab_size * c.dim; i++) ((float *)m.w.tok_embedding.f)[i] *= 0.3f;
+    write_v1(fp32, &m);
+    if (v2) write_v2(v2, &m, v2_gs);
+    sh("./quantize %s %s -g %d >/dev/null", fp32, q8, gs);
+    arena_free();
+}
+
+static double rel_l2_f(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return sqrt(num / den);
+}
+
+// Both executors over one file: logits of every position (batched prefill of `first`, then one by
+// one) must agree within 1e-4 relative L2; then the greedy continuation must be identical.
+static void compare_executors(const char *label, const char *file, int T, int first, int greedy_n) {
+    char err[ERR_LEN], name[200];
+    Model m;
+    if (load_model(file, &m, err)) {
+        check(0, label, "%s", err);
+        return;
+    }
+    int *tokens = talloc(T * sizeof(int));
+    for (int t = 0; t < T; t++) tokens[t] = t == 0 ? BOS : (int)(random_u32(&rng_state) % m.cfg.vocab_size);
+    Exec cpu;
+    cpu_exec_init(&cpu, &m);
+    float *ref = exec_logits(&cpu, tokens, T, first);
+    int *ref_greedy = greedy_n ? greedy_tokens(&cpu, greedy_n) : NULL;
+    cpu.ops->release(&cpu);
+    for (int path = 0; path < (m.quantized ? 2 : 1); path++) {
+        Exec g;
+        int rc = gpu_exec_init(&g, &m, path ? PATH_UNFUSED : PATH_FUSED, err);
+        snprintf(name, sizeof name, "%s: %s logits == cpu (relative L2 < 1e-4, %d positions)", label, rc ? "gpu" : g.ops->name, T);
+        if (rc) {
+            check(0, name, "gpu_exec_init: %s", err);
+            continue;
+        }
+        float *got = exec_logits(&g, tokens, T, first);
+        double e = rel_l2_f(got, ref, (size_t)T * m.cfg.vocab_size);
+        check(e < 1e-4, name, "relative L2 error %.3e", e);
+        if (greedy_n) {
+            int *gg = greedy_tokens(&g, greedy_n), same = 0;
+            while (same < greedy_n && gg[same + 1] == ref_greedy[same + 1]) same++;
+            snprintf(name, sizeof name, "%s: %s greedy text == cpu for %d tokens", label, g.ops->name, greedy_n);
+            check(same == greedy_n, name, "first difference at token %d", same);
+        }
+        g.ops->release(&g);
+    }
+    free_model(&m);
+    arena_free();
+}
+
+static void test_gpu_end_to_end(void) {
+    // random models: grouped-query ratios 1, 2, 4, 8; awkward widths; prefill of 7 then decode
+    int ratios[] = {1, 2, 4, 8};
+    for (int i = 0; i < 4; i++) {
+        Config c = {128, 172, 2, 8, 8 / ratios[i], 97, 80};
+        char label[96], *fp32 = tpath("r32.bin"), *q8 = tpath("r8.bin"), *v2 = tpath("rv2.bin");
+        random_model_files(c, i % 2, 32, 4, fp32, q8, i == 0 ? v2 : NULL);
+        snprintf(label, sizeof label, "random model gqa ratio %d fp32", ratios[i]);
+        compare_executors(label, fp32, 70, 7, 0);
+        snprintf(label, sizeof label, "random model gqa ratio %d int8 gs32", ratios[i]);
+        compare_executors(label, q8, 70, 7, 0);
+        if (i == 0) compare_executors("random model llama2.c v2 int8 gs4 (per-element scales)", v2, 70, 7, 0);
+    }
+    // real models
+    char *q8 = tpath("stories_q8.bin");
+    if (file_exists(model_path("stories260K.bin")) && !sh("./quantize %s %s >/dev/null", model_path("stories260K.bin"), q8)) {
+        compare_executors("stories260K fp32", model_path("stories260K.bin"), 200, 33, 200);
+        compare_executors("stories260K int8 gs128", q8, 200, 33, 200);
+    } else {
+        skip("gpu stories260K", "models/stories260K.bin not present");
+    }
+    q8 = tpath("code_q8.bin");
+    if (file_exists(model_path("code15M.bin")) && !sh("./quantize %s %s -g 64 >/dev/null", model_path("code15M.bin"), q8)) {
+        compare_executors("code15M int8 gs64", q8, 100, 40, 60);
+    } else {
+        skip("gpu code15M", "models/code15M.bin not present");
+    }
+    // Llama-2-7B layer shapes, two layers (random weights): what the speed figures run on
+    q8 = tpath("l7b2.bin");
+    if (!sh("./quantize --synthetic 4096,11008,2,32,32,-32000,64 %s 2>/dev/null", q8))
+        compare_executors("synthetic 7B shapes x 2 layers int8 gs128", q8, 6, 4, 0);
+    else check(0, "synthetic 7B shapes x 2 layers", "./quantize --synthetic failed");
+    sh("rm -f %s", q8);
+}
+
+static void test_gpu(void) {
+    char why[ERR_LEN];
+    if (gpu_probe(why)) {
+        for (int i = 0; i < N_GPU_GROUPS; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "gpu test group %d", i + 1);
+            skip(name, why);
+        }
+        return;
+    }
+    printf("GPU: %s\n", gpu_name());
+    gctx = gpu_create((size_t)11008 * 130);
+    test_gpu_linear();
+    gpu_destroy(gctx);
+    test_gpu_end_to_end();
+}
 #else
-static void test_gpu(void) { skip("gpu", "this build has no GPU support (nvcc not found)"); }
+static void test_gpu(void) {
+    for (int i = 0; i < N_GPU_GROUPS; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "gpu test group %d", i + 1);
+        skip(name, "this build has no GPU support (nvcc not found)");
+    }
+}
 #endif
 
 int main(int argc, char **argv) {

@@ -1,0 +1,546 @@
+// kernels.cu: the GPU kernels of the engine and their launchers (interface: kernels.h).
+//
+// Defines, kernels first:
+//   q8_matmul_kernel   fused INT8 dequant-GEMV/GEMM: y = x W^T with W read once as int8 + scales
+//   dequant_kernel     INT8 -> FP32 copy of one weight (the --unfused baseline, then cuBLAS)
+//   embed_kernel, rmsnorm_kernel, rope_kernel, attention_kernel, swiglu_kernel, add_kernel,
+//   argmax_kernel      the rest of the forward pass
+// then the launchers: each takes the context's stream, sizes its grid with ceil_div, and checks
+// the launch.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+// ----------------------------------------------------------------------------
+// Checked calls
+
+static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "run: CUDA error %s (%s) in %s at %s:%d\n", cudaGetErrorName(e), cudaGetErrorString(e), what, file, line);
+    exit(1);
+}
+static void cublas_check(cublasStatus_t s, const char *what, const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "run: cuBLAS error %d in %s at %s:%d\n", (int)s, what, file, line);
+    exit(1);
+}
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+#define LAUNCH_CHECK(name) cuda_check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+struct GpuCtx {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    float *scratch;          // (scratch_floats) dequantized weights for the unfused path
+    size_t scratch_floats;
+    int *tokens;             // (kMaxTokens) token ids of the current forward call
+    int *argmax;             // (1) device result of gpu_argmax
+    int *argmax_host;        // pinned
+};
+
+namespace {
+
+constexpr int kWarps = 8;            // 256 threads a block: two warps per scheduler of an SM
+constexpr int kRowsPerWarp = 2;      // weight rows a warp computes; they share each x load
+constexpr int kUnroll = 4;           // 16-byte weight chunks in flight per row per lane
+constexpr int kMaxTokens = 4096;
+constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum (or max) over the block; every thread gets the result. red: 32 floats of shared memory.
+template <bool kMax>
+__device__ float block_reduce(float v, float *red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    v = kMax ? warp_max(v) : warp_sum(v);
+    __syncthreads();   // red may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? red[lane] : (kMax ? -INFINITY : 0.0f);
+    return kMax ? warp_max(v) : warp_sum(v);
+}
+
+// 16 weight bytes that are read exactly once: no L1 allocation, so they don't evict x.
+__device__ __forceinline__ int4 load_stream(const int8_t *p) {
+    int4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Four int8 in a word to exact floats: each byte, biased by 128, is permuted into the low
+// mantissa byte of 2^23 (0x4B000000), and one subtraction of 2^23 + 128 leaves the value.
+// Two full-rate instructions per weight instead of a quarter-rate integer-to-float conversion.
+__device__ __forceinline__ void int8x4_to_float(uint32_t word, float out[4]) {
+    const uint32_t biased = word ^ 0x80808080u;
+    const uint32_t two_23 = 0x4B000000u;
+    const float bias = 8388736.0f;   // 2^23 + 128
+    out[0] = __uint_as_float(__byte_perm(biased, two_23, 0x7440)) - bias;
+    out[1] = __uint_as_float(__byte_perm(biased, two_23, 0x7441)) - bias;
+    out[2] = __uint_as_float(__byte_perm(biased, two_23, 0x7442)) - bias;
+    out[3] = __uint_as_float(__byte_perm(biased, two_23, 0x7443)) - bias;
+}
+
+// sum_j w[j] * x[j] over one 16-weight chunk; x: 16 floats of shared memory, 16-byte aligned.
+__device__ __forceinline__ float dot16(int4 w, const float *x) {
+    const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float f[4];
+        int8x4_to_float(words[i], f);
+        const float4 xv = reinterpret_cast<const float4 *>(x)[i];
+        acc = fmaf(f[0], xv.x, acc);
+        acc = fmaf(f[1], xv.y, acc);
+        acc = fmaf(f[2], xv.z, acc);
+        acc = fmaf(f[3], xv.w, acc);
+    }
+    return acc;
+}
+
+// The same for group sizes that are not multiples of 16: a scale per weight.
+// k0: the chunk's first column; groups past the row's last (padding) are clamped.
+__device__ __forceinline__ float dot16_scaled(int4 w, const float *x, const float *srow, int k0, int gs, int groups) {
+    const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float f[4];
+        int8x4_to_float(words[i], f);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int g = min((k0 + 4 * i + j) / gs, groups - 1);
+            acc = fmaf(f[j] * __ldg(srow + g), x[4 * i + j], acc);
+        }
+    }
+    return acc;
+}
+
+// Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
+//
+//   grid.x: blocks of kWarps * R rows;  grid.y: groups of MT tokens
+//   block:  stages its MT input rows in shared memory (zero past K), then each warp takes R rows;
+//           each lane walks the row in 16-byte chunks c = lane, lane + 32, ... with kUnroll chunks
+//           per row in flight, and a chunk's 16 int8 become floats in registers right before the
+//           FMAs. A warp reduction gives each output; no dequantized weight is ever stored.
+//   kGroupsOf16: gs % 16 == 0, so a chunk lies in one group and takes one scale.
+template <int R, int MT, bool kGroupsOf16>
+__global__ void __launch_bounds__(kWarps * 32)
+q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int N, int K, int stride, int groups,
+                 int gs, const int8_t *__restrict__ q, const float *__restrict__ s) {
+    extern __shared__ float4 smem4[];
+    float *xs = reinterpret_cast<float *>(smem4);   // (MT, stride)
+    const int m0 = blockIdx.y * MT;
+    for (int i = threadIdx.x; i < MT * stride; i += blockDim.x) {
+        const int t = i / stride, k = i - t * stride;
+        xs[i] = (m0 + t < M && k < K) ? x[(size_t)(m0 + t) * K + k] : 0.0f;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = (blockIdx.x * kWarps + warp) * R;
+    if (row0 >= N) return;
+    const int8_t *qrow[R];
+    const float *srow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = min(row0 + r, N - 1);   // rows past N repeat the last; never written
+        qrow[r] = q + (size_t)row * stride;
+        srow[r] = s + (size_t)row * groups;
+    }
+    float acc[MT][R];
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[t][r] = 0.0f;
+
+    const int chunks = stride / 16, chunks_per_group = gs / 16;
+    for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+        int4 w[kUnroll][R];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int c = c0 + 32 * u;
+#pragma unroll
+            for (int r = 0; r < R; r++) w[u][r] = c < chunks ? load_stream(qrow[r] + 16 * c) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int c = c0 + 32 * u;
+            if (c >= chunks) break;
+            float scale[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) scale[r] = kGroupsOf16 ? __ldg(srow[r] + c / chunks_per_group) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                const float *xc = xs + t * stride + 16 * c;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (kGroupsOf16) acc[t][r] = fmaf(scale[r], dot16(w[u][r], xc), acc[t][r]);
+                    else acc[t][r] += dot16_scaled(w[u][r], xc, srow[r], 16 * c, gs, groups);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float v = warp_sum(acc[t][r]);
+            if (lane == 0 && row0 + r < N && m0 + t < M) y[(size_t)(m0 + t) * N + row0 + r] = v;
+        }
+}
+
+// dst (N, K) FP32, dense = W. One thread per 16-byte chunk of a row.
+__global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride, int groups, int gs,
+                               const int8_t *__restrict__ q, const float *__restrict__ s) {
+    const int chunks = stride / 16;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * chunks) return;
+    const int row = (int)(i / chunks), k0 = (int)(i % chunks) * 16;
+    const int4 w = load_stream(q + (size_t)row * stride + k0);
+    const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
+    float *out = dst + (size_t)row * K;
+    const float *srow = s + (size_t)row * groups;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float f[4];
+        int8x4_to_float(words[j], f);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int k = k0 + 4 * j + e;
+            if (k < K) out[k] = f[e] * srow[k / gs];
+        }
+    }
+}
+
+// x (M, dim) = embedding rows of tokens; INT8 rows are dequantized, FP32 rows copied.
+__global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ tokens, int dim, int stride, int groups,
+                             int gs, const int8_t *__restrict__ q, const float *__restrict__ s, const float *__restrict__ f) {
+    const size_t row = (size_t)tokens[blockIdx.x];
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        x[(size_t)blockIdx.x * dim + j] = f ? f[row * stride + j] : q[row * stride + j] * s[row * groups + j / gs];
+}
+
+// out = w * in / rms(in), one block per row of n.
+__global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w, int n) {
+    __shared__ float red[32];
+    const float *x = in + (size_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
+    ss = block_reduce<false>(ss, red);
+    const float scale = 1.0f / sqrtf(ss / n + 1e-5f);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) out[(size_t)blockIdx.x * n + j] = w[j] * (scale * x[j]);
+}
+
+// RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m; one thread per pair.
+__global__ void rope_kernel(float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size) {
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y;
+    if (i >= dim || m >= M) return;
+    const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
+    float sn, cs;
+    sincosf((pos + m) * freq, &sn, &cs);
+    float *vecs[2] = {q + (size_t)m * dim, k + (size_t)m * kv_dim};
+    for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
+        const float v0 = vecs[v][i], v1 = vecs[v][i + 1];
+        vecs[v][i] = v0 * cs - v1 * sn;
+        vecs[v][i + 1] = v0 * sn + v1 * cs;
+    }
+}
+
+// One block per (head, token): scores against cache rows 0..pos+m, softmax, weighted sum of values.
+// Shared memory: q of the head (head_size) and the scores (pos + M).
+__global__ void attention_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
+                                 const float *__restrict__ vc, int pos, int n_heads, int n_kv_heads, int head_size) {
+    extern __shared__ float4 smem4[];
+    __shared__ float red[32];
+    float *qs = reinterpret_cast<float *>(smem4), *att = qs + head_size;
+    const int h = blockIdx.x, m = blockIdx.y, last = pos + m, dim = n_heads * head_size;
+    const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    for (int i = threadIdx.x; i < head_size; i += blockDim.x) qs[i] = q[(size_t)m * dim + h * head_size + i];
+    __syncthreads();
+    const float inv_sqrt = 1.0f / sqrtf((float)head_size);
+    for (int t = warp; t <= last; t += n_warps) {
+        const float *k = kc + (size_t)t * kv_dim + kv_off;
+        float sc = 0.0f;
+        for (int i = lane; i < head_size; i += 32) sc += qs[i] * k[i];
+        sc = warp_sum(sc);
+        if (lane == 0) att[t] = sc * inv_sqrt;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int t = threadIdx.x; t <= last; t += blockDim.x) mx = fmaxf(mx, att[t]);
+    mx = block_reduce<true>(mx, red);
+    float sum = 0.0f;
+    for (int t = threadIdx.x; t <= last; t += blockDim.x) {
+        const float e = expf(att[t] - mx);
+        att[t] = e;
+        sum += e;
+    }
+    sum = block_reduce<false>(sum, red);   // its barriers also publish att
+    const float inv_sum = 1.0f / sum;
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = 0; t <= last; t++) acc += att[t] * vc[(size_t)t * kv_dim + kv_off + d];
+        out[(size_t)m * dim + h * head_size + d] = acc * inv_sum;
+    }
+}
+
+__global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float v = h[i];
+        h[i] = v * (1.0f / (1.0f + expf(-v))) * g[i];
+    }
+}
+
+__global__ void add_kernel(float *x, const float *__restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// One block: the first index of the maximum (ties go to the lower index, as on the CPU).
+__global__ void argmax_kernel(int *result, const float *__restrict__ v, int n) {
+    __shared__ float best_val[1024];
+    __shared__ int best_idx[1024];
+    float bv = -INFINITY;
+    int bi = n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (v[i] > bv) bv = v[i], bi = i;
+    best_val[threadIdx.x] = bv;
+    best_idx[threadIdx.x] = bi;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) {
+            const float ov = best_val[threadIdx.x + half];
+            const int oi = best_idx[threadIdx.x + half];
+            if (ov > best_val[threadIdx.x] || (ov == best_val[threadIdx.x] && oi < best_idx[threadIdx.x]))
+                best_val[threadIdx.x] = ov, best_idx[threadIdx.x] = oi;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *result = best_idx[0] < n ? best_idx[0] : 0;
+}
+
+int ceil_div_i(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// Context and memory
+
+extern "C" int gpu_probe(char *why) {
+    int n = 0, driver = 0, runtime = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(why, ERR_LEN, "no usable CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError();
+        return -1;
+    }
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    if (driver < runtime) {
+        snprintf(why, ERR_LEN, "the driver supports CUDA %d.%d, this build needs %d.%d", driver / 1000, driver % 1000 / 10,
+                 runtime / 1000, runtime % 1000 / 10);
+        return -1;
+    }
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    if (p.major < 9) {
+        snprintf(why, ERR_LEN, "%s has compute capability %d.%d; this build has code for 9.0 (Hopper) and newer", p.name,
+                 p.major, p.minor);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" const char *gpu_name(void) {
+    static cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    return p.name;
+}
+
+extern "C" void gpu_mem_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
+
+template <int R, int MT, bool G16>
+static void allow_smem(void) {
+    CUDA_CHECK(cudaFuncSetAttribute(q8_matmul_kernel<R, MT, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+}
+
+extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
+    GpuCtx *g = (GpuCtx *)calloc(1, sizeof(GpuCtx));
+    if (!g) {
+        fprintf(stderr, "run: out of memory\n");
+        exit(1);
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&g->blas));
+    CUBLAS_CHECK(cublasSetStream(g->blas, g->stream));
+    CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));   // true FP32, no TF32
+    g->scratch_floats = scratch_floats;
+    if (scratch_floats) CUDA_CHECK(cudaMalloc(&g->scratch, scratch_floats * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&g->tokens, kMaxTokens * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&g->argmax_host, sizeof(int)));
+    allow_smem<kRowsPerWarp, 1, true>(), allow_smem<kRowsPerWarp, 2, true>();
+    allow_smem<kRowsPerWarp, 4, true>(), allow_smem<kRowsPerWarp, 8, true>();
+    allow_smem<kRowsPerWarp, 1, false>(), allow_smem<kRowsPerWarp, 2, false>();
+    allow_smem<kRowsPerWarp, 4, false>(), allow_smem<kRowsPerWarp, 8, false>();
+    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    return g;
+}
+
+extern "C" void gpu_destroy(GpuCtx *g) {
+    if (!g) return;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaFree(g->scratch));
+    CUDA_CHECK(cudaFree(g->tokens));
+    CUDA_CHECK(cudaFree(g->argmax));
+    CUDA_CHECK(cudaFreeHost(g->argmax_host));
+    CUBLAS_CHECK(cublasDestroy(g->blas));
+    CUDA_CHECK(cudaStreamDestroy(g->stream));
+    free(g);
+}
+
+extern "C" void *gpu_alloc(size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    return p;
+}
+
+extern "C" void gpu_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+
+extern "C" void gpu_upload(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+extern "C" void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+}
+
+extern "C" void gpu_sync(GpuCtx *g) { CUDA_CHECK(cudaStreamSynchronize(g->stream)); }
+
+// ----------------------------------------------------------------------------
+// Linear layers
+
+template <int MT, bool G16>
+static void launch_q8(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+    const int rows_per_block = kWarps * kRowsPerWarp;
+    const size_t smem = (size_t)MT * w->stride * sizeof(float);
+    dim3 grid(ceil_div_i(w->rows, rows_per_block), ceil_div_i(M, MT));
+    q8_matmul_kernel<kRowsPerWarp, MT, G16><<<grid, kWarps * 32, smem, g->stream>>>(
+        y, x, M, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
+    LAUNCH_CHECK("q8_matmul_kernel");
+}
+
+template <bool G16>
+static void launch_q8_tokens(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+    // tokens per block: the fewest powers of two covering M, up to 8, that fit in shared memory
+    const size_t row_bytes = (size_t)w->stride * sizeof(float);
+    int mt = 1;
+    while (mt < 8 && mt < M && (size_t)(2 * mt) * row_bytes <= kMaxSmem) mt *= 2;
+    if (row_bytes > kMaxSmem) {
+        fprintf(stderr, "run: fused matmul: K = %d is too long to stage in shared memory (at most %d)\n", w->cols,
+                kMaxSmem / (int)sizeof(float));
+        exit(1);
+    }
+    switch (mt) {
+    case 1: launch_q8<1, G16>(g, y, x, M, w); break;
+    case 2: launch_q8<2, G16>(g, y, x, M, w); break;
+    case 4: launch_q8<4, G16>(g, y, x, M, w); break;
+    default: launch_q8<8, G16>(g, y, x, M, w); break;
+    }
+}
+
+extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+    if (w->gs % 16 == 0) launch_q8_tokens<true>(g, y, x, M, w);
+    else launch_q8_tokens<false>(g, y, x, M, w);
+}
+
+extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) {
+    const size_t chunks = (size_t)w->rows * (w->stride / 16);
+    dequant_kernel<<<ceil_div_i(chunks, 256), 256, 0, g->stream>>>(dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
+    LAUNCH_CHECK("dequant_kernel");
+}
+
+// Row-major y (M, N) = x (M, K) W^T is, column-major, y^T (N, M) = W_cm^T (N, K) x^T (K, M),
+// where W_cm is W read column-major: (K, N) with leading dimension ldw.
+extern "C" void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw) {
+    const float one = 1.0f, zero = 0.0f;
+    if (M == 1) CUBLAS_CHECK(cublasSgemv(g->blas, CUBLAS_OP_T, K, N, &one, W, ldw, x, 1, &zero, y, 1));
+    else CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, ldw, x, K, &zero, y, N));
+}
+
+extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+    if ((size_t)w->rows * w->cols > g->scratch_floats) {
+        fprintf(stderr, "run: unfused scratch holds %zu floats, a %d x %d weight needs more\n", g->scratch_floats, w->rows, w->cols);
+        exit(1);
+    }
+    gpu_dequant(g, g->scratch, w);
+    gpu_matmul_f32(g, y, x, M, g->scratch, w->rows, w->cols, w->cols);
+}
+
+// ----------------------------------------------------------------------------
+// The rest of the forward pass
+
+extern "C" void gpu_embed(GpuCtx *g, float *x, const int *tokens, int M, const Mat *emb) {
+    if (M > kMaxTokens) {
+        fprintf(stderr, "run: gpu_embed: %d tokens in one call, at most %d\n", M, kMaxTokens);
+        exit(1);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(g->tokens, tokens, M * sizeof(int), cudaMemcpyHostToDevice, g->stream));
+    embed_kernel<<<M, 256, 0, g->stream>>>(x, g->tokens, emb->cols, emb->stride, emb->groups, emb->gs, emb->q, emb->s, emb->f);
+    LAUNCH_CHECK("embed_kernel");
+}
+
+extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n) {
+    rmsnorm_kernel<<<M, 256, 0, g->stream>>>(out, in, w, n);
+    LAUNCH_CHECK("rmsnorm_kernel");
+}
+
+extern "C" void gpu_rope(GpuCtx *g, float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size) {
+    dim3 grid(ceil_div_i(dim / 2, 128), M);
+    rope_kernel<<<grid, 128, 0, g->stream>>>(q, k, M, pos, dim, kv_dim, head_size);
+    LAUNCH_CHECK("rope_kernel");
+}
+
+extern "C" int gpu_attention_max_len(void) { return kMaxSmem / (int)sizeof(float) - 4096; }
+
+extern "C" void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache,
+                              int M, int pos, int n_heads, int n_kv_heads, int head_size) {
+    const size_t smem = (size_t)(head_size + pos + M) * sizeof(float);
+    dim3 grid(n_heads, M);
+    attention_kernel<<<grid, 256, smem, g->stream>>>(out, q, key_cache, value_cache, pos, n_heads, n_kv_heads, head_size);
+    LAUNCH_CHECK("attention_kernel");
+}
+
+extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
+    swiglu_kernel<<<ceil_div_i(n, 256), 256, 0, g->stream>>>(h, gate, n);
+    LAUNCH_CHECK("swiglu_kernel");
+}
+
+extern "C" void gpu_add(GpuCtx *g, float *x, const float *y, int n) {
+    add_kernel<<<ceil_div_i(n, 256), 256, 0, g->stream>>>(x, y, n);
+    LAUNCH_CHECK("add_kernel");
+}
+
+extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
+    argmax_kernel<<<1, 1024, 0, g->stream>>>(g->argmax, v, n);
+    LAUNCH_CHECK("argmax_kernel");
+    gpu_download(g, g->argmax_host, g->argmax, sizeof(int));
+    return *g->argmax_host;
+}
