@@ -60,8 +60,11 @@ test: all tests/test_run
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh
 
-bench: run quantize tokenizer.bin
+bench/kernel_bench: bench/kernel_bench.cu kernels.o kernels.h model.h
+	$(NVCC) $(NVFLAGS) -o $@ bench/kernel_bench.cu kernels.o -lcublas
+bench: run quantize tokenizer.bin bench/kernel_bench
+	./bench/kernel_bench
 	sh bench/bench.sh
 
 clean:
-	rm -f run quantize *.o tests/*.o tests/test_run
+	rm -f run quantize *.o tests/*.o tests/test_run bench/kernel_bench

@@ -94,26 +94,23 @@ __device__ __forceinline__ void int8x4_to_float(uint32_t word, float out[4]) {
     out[3] = __uint_as_float(__byte_perm(biased, two_23, 0x7443)) - bias;
 }
 
-// sum_j w[j] * x[j] over one 16-weight chunk; x: 16 floats of shared memory, 16-byte aligned.
-__device__ __forceinline__ float dot16(int4 w, const float *x) {
+// sum_j w[j] * x[j] over one 16-weight chunk, x in registers.
+__device__ __forceinline__ float dot16(int4 w, const float x[16]) {
     const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float f[4];
         int8x4_to_float(words[i], f);
-        const float4 xv = reinterpret_cast<const float4 *>(x)[i];
-        acc = fmaf(f[0], xv.x, acc);
-        acc = fmaf(f[1], xv.y, acc);
-        acc = fmaf(f[2], xv.z, acc);
-        acc = fmaf(f[3], xv.w, acc);
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc = fmaf(f[j], x[4 * i + j], acc);
     }
     return acc;
 }
 
-// The same for group sizes that are not multiples of 16: a scale per weight.
-// k0: the chunk's first column; groups past the row's last (padding) are clamped.
-__device__ __forceinline__ float dot16_scaled(int4 w, const float *x, const float *srow, int k0, int gs, int groups) {
+// The same for group sizes that are not a power-of-two multiple of 16: a scale per weight.
+// k0: the chunk's first column; group indices past the row's last (padding) are clamped.
+__device__ __forceinline__ float dot16_scaled(int4 w, const float x[16], const float *srow, int k0, int gs, int groups) {
     const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
     float acc = 0.0f;
 #pragma unroll
@@ -121,37 +118,43 @@ __device__ __forceinline__ float dot16_scaled(int4 w, const float *x, const floa
         float f[4];
         int8x4_to_float(words[i], f);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int g = min((k0 + 4 * i + j) / gs, groups - 1);
-            acc = fmaf(f[j] * __ldg(srow + g), x[4 * i + j], acc);
-        }
+        for (int j = 0; j < 4; j++) acc = fmaf(f[j] * __ldg(srow + min((k0 + 4 * i + j) / gs, groups - 1)), x[4 * i + j], acc);
     }
     return acc;
+}
+
+// x[k0 .. k0+16) of one input row into registers, through L1 (every warp of the SM reads the same
+// row, so it stays cached); zero past K. vec: the row is 16-byte aligned (K % 4 == 0).
+__device__ __forceinline__ void load_x16(float out[16], const float *__restrict__ xrow, int k0, int K, bool vec) {
+    if (vec && k0 + 16 <= K) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 v = __ldg(reinterpret_cast<const float4 *>(xrow + k0) + i);
+            out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) out[j] = k0 + j < K ? __ldg(xrow + k0 + j) : 0.0f;
+    }
 }
 
 // Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
 //
 //   grid.x: blocks of kWarps * R rows;  grid.y: groups of MT tokens
-//   block:  stages its MT input rows in shared memory (zero past K), then each warp takes R rows;
-//           each lane walks the row in 16-byte chunks c = lane, lane + 32, ... with kUnroll chunks
-//           per row in flight, and a chunk's 16 int8 become floats in registers right before the
-//           FMAs. A warp reduction gives each output; no dequantized weight is ever stored.
-//   kGroupsOf16: gs % 16 == 0, so a chunk lies in one group and takes one scale.
-template <int R, int MT, bool kGroupsOf16>
+//   Each warp takes R rows. Each lane walks them in 16-byte chunks c = lane, lane + 32, ... (a
+//   warp reads 512 contiguous bytes of a row per step), with kUnroll chunks per row in flight
+//   before the first is used. A chunk's 16 int8 become floats in registers right before the FMAs,
+//   and its one group scale multiplies the chunk's partial sum. A warp reduction gives each
+//   output. No dequantized weight is ever stored, in shared or global memory.
+//   kShiftGroups: gs is 16 * 2^group_shift, so chunk c lies in group c >> group_shift.
+template <int R, int MT, bool kShiftGroups>
 __global__ void __launch_bounds__(kWarps * 32)
 q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int N, int K, int stride, int groups,
-                 int gs, const int8_t *__restrict__ q, const float *__restrict__ s) {
-    extern __shared__ float4 smem4[];
-    float *xs = reinterpret_cast<float *>(smem4);   // (MT, stride)
-    const int m0 = blockIdx.y * MT;
-    for (int i = threadIdx.x; i < MT * stride; i += blockDim.x) {
-        const int t = i / stride, k = i - t * stride;
-        xs[i] = (m0 + t < M && k < K) ? x[(size_t)(m0 + t) * K + k] : 0.0f;
-    }
-    __syncthreads();
+                 int gs, int group_shift, const int8_t *__restrict__ q, const float *__restrict__ s) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * kWarps + warp) * R;
+    const int row0 = (blockIdx.x * kWarps + warp) * R, m0 = blockIdx.y * MT;
     if (row0 >= N) return;
+    const bool vec_x = K % 4 == 0;
     const int8_t *qrow[R];
     const float *srow[R];
 #pragma unroll
@@ -166,7 +169,7 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
 #pragma unroll
         for (int r = 0; r < R; r++) acc[t][r] = 0.0f;
 
-    const int chunks = stride / 16, chunks_per_group = gs / 16;
+    const int chunks = stride / 16;
     for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
         int4 w[kUnroll][R];
 #pragma unroll
@@ -181,14 +184,16 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
             if (c >= chunks) break;
             float scale[R];
 #pragma unroll
-            for (int r = 0; r < R; r++) scale[r] = kGroupsOf16 ? __ldg(srow[r] + c / chunks_per_group) : 0.0f;
+            for (int r = 0; r < R; r++) scale[r] = kShiftGroups ? __ldg(srow[r] + (c >> group_shift)) : 0.0f;
 #pragma unroll
             for (int t = 0; t < MT; t++) {
-                const float *xc = xs + t * stride + 16 * c;
+                if (m0 + t >= M) break;
+                float xv[16];
+                load_x16(xv, x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    if (kGroupsOf16) acc[t][r] = fmaf(scale[r], dot16(w[u][r], xc), acc[t][r]);
-                    else acc[t][r] += dot16_scaled(w[u][r], xc, srow[r], 16 * c, gs, groups);
+                    if (kShiftGroups) acc[t][r] = fmaf(scale[r], dot16(w[u][r], xv), acc[t][r]);
+                    else acc[t][r] += dot16_scaled(w[u][r], xv, srow[r], 16 * c, gs, groups);
                 }
             }
         }
@@ -202,27 +207,25 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
         }
 }
 
-// dst (N, K) FP32, dense = W. One thread per 16-byte chunk of a row.
+// dst (N, K) FP32, dense = W. One thread per 4 consecutive weights: a warp reads 128 contiguous
+// bytes and writes 512, so both directions stay coalesced.
 __global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride, int groups, int gs,
                                const int8_t *__restrict__ q, const float *__restrict__ s) {
-    const int chunks = stride / 16;
+    const int words = stride / 4;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * chunks) return;
-    const int row = (int)(i / chunks), k0 = (int)(i % chunks) * 16;
-    const int4 w = load_stream(q + (size_t)row * stride + k0);
-    const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
-    float *out = dst + (size_t)row * K;
+    if (i >= (size_t)N * words) return;
+    const int row = (int)(i / words), k0 = (int)(i % words) * 4;
+    if (k0 >= K) return;
+    float f[4];
+    int8x4_to_float(__ldg(reinterpret_cast<const uint32_t *>(q + (size_t)row * stride) + k0 / 4), f);
     const float *srow = s + (size_t)row * groups;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float f[4];
-        int8x4_to_float(words[j], f);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int k = k0 + 4 * j + e;
-            if (k < K) out[k] = f[e] * srow[k / gs];
-        }
+    float *out = dst + (size_t)row * K + k0;
+    if (K % 4 == 0 && gs % 4 == 0) {   // one group, one aligned 16-byte store
+        const float sc = srow[k0 / gs];
+        *reinterpret_cast<float4 *>(out) = make_float4(f[0] * sc, f[1] * sc, f[2] * sc, f[3] * sc);
+        return;
     }
+    for (int e = 0; e < 4 && k0 + e < K; e++) out[e] = f[e] * srow[(k0 + e) / gs];
 }
 
 // x (M, dim) = embedding rows of tokens; INT8 rows are dequantized, FP32 rows copied.
@@ -245,43 +248,55 @@ __global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict_
 }
 
 // RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m; one thread per pair.
+__device__ __forceinline__ void rotate_pair(float *v, int i, float cs, float sn) {
+    const float v0 = v[i], v1 = v[i + 1];
+    v[i] = v0 * cs - v1 * sn;
+    v[i + 1] = v0 * sn + v1 * cs;
+}
+
 __global__ void rope_kernel(float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size) {
     const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y;
     if (i >= dim || m >= M) return;
     const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
     float sn, cs;
     sincosf((pos + m) * freq, &sn, &cs);
-    float *vecs[2] = {q + (size_t)m * dim, k + (size_t)m * kv_dim};
-    for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
-        const float v0 = vecs[v][i], v1 = vecs[v][i + 1];
-        vecs[v][i] = v0 * cs - v1 * sn;
-        vecs[v][i + 1] = v0 * sn + v1 * cs;
-    }
+    rotate_pair(q + (size_t)m * dim, i, cs, sn);
+    if (i < kv_dim) rotate_pair(k + (size_t)m * kv_dim, i, cs, sn);
 }
 
 // One block per (head, token): scores against cache rows 0..pos+m, softmax, weighted sum of values.
-// Shared memory: q of the head (head_size) and the scores (pos + M).
-__global__ void attention_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
-                                 const float *__restrict__ vc, int pos, int n_heads, int n_kv_heads, int head_size) {
+// Scores: a thread per position, 16-byte loads along its key row. Values: each warp sums over its
+// share of the positions with a lane per dimension (coalesced), then the warps' partial sums are
+// added. Shared memory: q of the head (head_size), the scores (pos + M), the partials (8 x head_size).
+constexpr int kAttnThreads = 256, kMaxHeadSize = 256;
+__global__ void __launch_bounds__(kAttnThreads)
+attention_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
+                 const float *__restrict__ vc, int pos, int n_heads, int n_kv_heads, int head_size) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
-    float *qs = reinterpret_cast<float *>(smem4), *att = qs + head_size;
+    constexpr int n_warps = kAttnThreads / 32;
+    float *qs = reinterpret_cast<float *>(smem4), *part = qs + head_size, *att = part + n_warps * head_size;
     const int h = blockIdx.x, m = blockIdx.y, last = pos + m, dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int i = threadIdx.x; i < head_size; i += blockDim.x) qs[i] = q[(size_t)m * dim + h * head_size + i];
     __syncthreads();
     const float inv_sqrt = 1.0f / sqrtf((float)head_size);
-    for (int t = warp; t <= last; t += n_warps) {
+    float mx = -INFINITY;
+    for (int t = threadIdx.x; t <= last; t += blockDim.x) {
         const float *k = kc + (size_t)t * kv_dim + kv_off;
         float sc = 0.0f;
-        for (int i = lane; i < head_size; i += 32) sc += qs[i] * k[i];
-        sc = warp_sum(sc);
-        if (lane == 0) att[t] = sc * inv_sqrt;
+        if (head_size % 4 == 0) {
+            for (int i = 0; i < head_size; i += 4) {
+                const float4 kv = __ldg(reinterpret_cast<const float4 *>(k + i));
+                sc += qs[i] * kv.x + qs[i + 1] * kv.y + qs[i + 2] * kv.z + qs[i + 3] * kv.w;
+            }
+        } else {
+            for (int i = 0; i < head_size; i++) sc += qs[i] * k[i];
+        }
+        att[t] = sc * inv_sqrt;
+        mx = fmaxf(mx, att[t]);
     }
-    __syncthreads();
-    float mx = -INFINITY;
-    for (int t = threadIdx.x; t <= last; t += blockDim.x) mx = fmaxf(mx, att[t]);
     mx = block_reduce<true>(mx, red);
     float sum = 0.0f;
     for (int t = threadIdx.x; t <= last; t += blockDim.x) {
@@ -290,11 +305,25 @@ __global__ void attention_kernel(float *__restrict__ out, const float *__restric
         sum += e;
     }
     sum = block_reduce<false>(sum, red);   // its barriers also publish att
+    constexpr int kPerLane = kMaxHeadSize / 32;
+    float acc[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; j++) acc[j] = 0.0f;
+    for (int t = warp; t <= last; t += n_warps) {
+        const float a = att[t], *v = vc + (size_t)t * kv_dim + kv_off;
+#pragma unroll
+        for (int j = 0; j < kPerLane; j++)
+            if (lane + 32 * j < head_size) acc[j] = fmaf(a, __ldg(v + lane + 32 * j), acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kPerLane; j++)
+        if (lane + 32 * j < head_size) part[warp * head_size + lane + 32 * j] = acc[j];
+    __syncthreads();
     const float inv_sum = 1.0f / sum;
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int t = 0; t <= last; t++) acc += att[t] * vc[(size_t)t * kv_dim + kv_off + d];
-        out[(size_t)m * dim + h * head_size + d] = acc * inv_sum;
+        float total = 0.0f;
+        for (int w = 0; w < n_warps; w++) total += part[w * head_size + d];
+        out[(size_t)m * dim + h * head_size + d] = total * inv_sum;
     }
 }
 
@@ -374,11 +403,6 @@ extern "C" const char *gpu_name(void) {
 
 extern "C" void gpu_mem_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
-template <int R, int MT, bool G16>
-static void allow_smem(void) {
-    CUDA_CHECK(cudaFuncSetAttribute(q8_matmul_kernel<R, MT, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
-}
-
 extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
     GpuCtx *g = (GpuCtx *)calloc(1, sizeof(GpuCtx));
     if (!g) {
@@ -394,10 +418,6 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
     CUDA_CHECK(cudaMalloc(&g->tokens, kMaxTokens * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&g->argmax_host, sizeof(int)));
-    allow_smem<kRowsPerWarp, 1, true>(), allow_smem<kRowsPerWarp, 2, true>();
-    allow_smem<kRowsPerWarp, 4, true>(), allow_smem<kRowsPerWarp, 8, true>();
-    allow_smem<kRowsPerWarp, 1, false>(), allow_smem<kRowsPerWarp, 2, false>();
-    allow_smem<kRowsPerWarp, 4, false>(), allow_smem<kRowsPerWarp, 8, false>();
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     return g;
 }
@@ -432,48 +452,41 @@ extern "C" void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
 }
 
+extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
+
 extern "C" void gpu_sync(GpuCtx *g) { CUDA_CHECK(cudaStreamSynchronize(g->stream)); }
 
 // ----------------------------------------------------------------------------
 // Linear layers
 
-template <int MT, bool G16>
-static void launch_q8(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
-    const int rows_per_block = kWarps * kRowsPerWarp;
-    const size_t smem = (size_t)MT * w->stride * sizeof(float);
-    dim3 grid(ceil_div_i(w->rows, rows_per_block), ceil_div_i(M, MT));
-    q8_matmul_kernel<kRowsPerWarp, MT, G16><<<grid, kWarps * 32, smem, g->stream>>>(
-        y, x, M, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
+template <int MT, bool kShift>
+static void launch_q8(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int group_shift) {
+    dim3 grid(ceil_div_i(w->rows, kWarps * kRowsPerWarp), ceil_div_i(M, MT));
+    q8_matmul_kernel<kRowsPerWarp, MT, kShift><<<grid, kWarps * 32, 0, g->stream>>>(
+        y, x, M, w->rows, w->cols, w->stride, w->groups, w->gs, group_shift, w->q, w->s);
     LAUNCH_CHECK("q8_matmul_kernel");
 }
 
-template <bool G16>
-static void launch_q8_tokens(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
-    // tokens per block: the fewest powers of two covering M, up to 8, that fit in shared memory
-    const size_t row_bytes = (size_t)w->stride * sizeof(float);
-    int mt = 1;
-    while (mt < 8 && mt < M && (size_t)(2 * mt) * row_bytes <= kMaxSmem) mt *= 2;
-    if (row_bytes > kMaxSmem) {
-        fprintf(stderr, "run: fused matmul: K = %d is too long to stage in shared memory (at most %d)\n", w->cols,
-                kMaxSmem / (int)sizeof(float));
-        exit(1);
-    }
-    switch (mt) {
-    case 1: launch_q8<1, G16>(g, y, x, M, w); break;
-    case 2: launch_q8<2, G16>(g, y, x, M, w); break;
-    case 4: launch_q8<4, G16>(g, y, x, M, w); break;
-    default: launch_q8<8, G16>(g, y, x, M, w); break;
-    }
+// Tokens per block: the power of two covering M, at most 8 (their accumulators are registers);
+// larger M takes several blocks along y, each streaming the weights again (from L2 when they fit).
+template <bool kShift>
+static void launch_q8_tokens(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int group_shift) {
+    if (M == 1) launch_q8<1, kShift>(g, y, x, M, w, group_shift);
+    else if (M == 2) launch_q8<2, kShift>(g, y, x, M, w, group_shift);
+    else if (M <= 4) launch_q8<4, kShift>(g, y, x, M, w, group_shift);
+    else launch_q8<8, kShift>(g, y, x, M, w, group_shift);
 }
 
 extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
-    if (w->gs % 16 == 0) launch_q8_tokens<true>(g, y, x, M, w);
-    else launch_q8_tokens<false>(g, y, x, M, w);
+    int shift = 0;
+    while ((16 << shift) < w->gs) shift++;
+    if ((16 << shift) == w->gs) launch_q8_tokens<true>(g, y, x, M, w, shift);
+    else launch_q8_tokens<false>(g, y, x, M, w, 0);
 }
 
 extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) {
-    const size_t chunks = (size_t)w->rows * (w->stride / 16);
-    dequant_kernel<<<ceil_div_i(chunks, 256), 256, 0, g->stream>>>(dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
+    const size_t words = (size_t)w->rows * (w->stride / 4);
+    dequant_kernel<<<ceil_div_i(words, 256), 256, 0, g->stream>>>(dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
     LAUNCH_CHECK("dequant_kernel");
 }
 
@@ -518,13 +531,14 @@ extern "C" void gpu_rope(GpuCtx *g, float *q, float *k, int M, int pos, int dim,
     LAUNCH_CHECK("rope_kernel");
 }
 
-extern "C" int gpu_attention_max_len(void) { return kMaxSmem / (int)sizeof(float) - 4096; }
+extern "C" int gpu_attention_max_len(void) { return kMaxSmem / (int)sizeof(float) - 9 * kMaxHeadSize; }
+extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
 
 extern "C" void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache,
                               int M, int pos, int n_heads, int n_kv_heads, int head_size) {
-    const size_t smem = (size_t)(head_size + pos + M) * sizeof(float);
+    const size_t smem = (size_t)(9 * head_size + pos + M) * sizeof(float);
     dim3 grid(n_heads, M);
-    attention_kernel<<<grid, 256, smem, g->stream>>>(out, q, key_cache, value_cache, pos, n_heads, n_kv_heads, head_size);
+    attention_kernel<<<grid, kAttnThreads, smem, g->stream>>>(out, q, key_cache, value_cache, pos, n_heads, n_kv_heads, head_size);
     LAUNCH_CHECK("attention_kernel");
 }
 

@@ -23,6 +23,7 @@ void gpu_mem_info(size_t *free_bytes, size_t *total_bytes);
 GpuCtx *gpu_create(size_t scratch_floats);
 void gpu_destroy(GpuCtx *g);
 const char *gpu_name(void);
+void *gpu_stream(GpuCtx *g);   // its cudaStream_t, for timing with events
 
 void *gpu_alloc(size_t bytes);                                     // zero-filled
 void gpu_free(void *p);
@@ -45,7 +46,8 @@ void gpu_rope(GpuCtx *g, float *q, float *k, int M, int pos, int dim, int kv_dim
 // the layer's caches (seq_len, n_kv_heads * hs), rows 0..pos+M-1 valid.
 void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache, int M,
                    int pos, int n_heads, int n_kv_heads, int head_size);
-int gpu_attention_max_len(void);   // longest context the attention kernel handles
+int gpu_attention_max_len(void);         // longest context the attention kernel handles
+int gpu_attention_max_head_size(void);   // and the largest head
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate
 void gpu_add(GpuCtx *g, float *x, const float *y, int n);         // x += y
 int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index of the maximum

@@ -413,8 +413,9 @@ static void mirror_weights(GpuExec *g, const Model *m) {
 static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
     const Config *p = &m->cfg;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
-    if (p->seq_len > gpu_attention_max_len()) {
-        snprintf(why, ERR_LEN, "seq_len %d is longer than the GPU attention kernel's %d", p->seq_len, gpu_attention_max_len());
+    if (p->seq_len > gpu_attention_max_len() || p->dim / p->n_heads > gpu_attention_max_head_size()) {
+        snprintf(why, ERR_LEN, "seq_len %d or head size %d is beyond the GPU attention kernel's %d and %d", p->seq_len,
+                 p->dim / p->n_heads, gpu_attention_max_len(), gpu_attention_max_head_size());
         return GPU_UNAVAILABLE;
     }
     size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads, B = MAX_BATCH;
