@@ -46,7 +46,7 @@ namespace {
 
 constexpr int kWarps = 8;            // 256 threads a block: two warps per scheduler of an SM
 constexpr int kRowsPerWarp = 2;      // weight rows a warp computes; they share each x load
-constexpr int kUnroll = 4;           // 16-byte weight chunks in flight per row per lane
+constexpr int kChunksInFlight = 4;   // 16-byte weight chunks in flight per row per lane
 constexpr int kMaxTokens = 4096;
 constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
 
@@ -147,7 +147,7 @@ __device__ __forceinline__ void load_x16(float out[16], const float *__restrict_
 //   and its one group scale multiplies the chunk's partial sum. A warp reduction gives each
 //   output. No dequantized weight is ever stored, in shared or global memory.
 //   kShiftGroups: gs is 16 * 2^group_shift, so chunk c lies in group c >> group_shift.
-template <int R, int MT, bool kShiftGroups>
+template <int R, int kUnroll, int MT, bool kShiftGroups>
 __global__ void __launch_bounds__(kWarps * 32)
 q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int N, int K, int stride, int groups,
                  int gs, int group_shift, const int8_t *__restrict__ q, const float *__restrict__ s) {
@@ -171,20 +171,22 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
 
     const int chunks = stride / 16;
     for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+        // all loads of this step first (weights and their scales: each misses L1), then the math
         int4 w[kUnroll][R];
+        float scale[kUnroll][R];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
             const int c = c0 + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; r++) w[u][r] = c < chunks ? load_stream(qrow[r] + 16 * c) : make_int4(0, 0, 0, 0);
+            for (int r = 0; r < R; r++) {
+                w[u][r] = c < chunks ? load_stream(qrow[r] + 16 * c) : make_int4(0, 0, 0, 0);
+                scale[u][r] = kShiftGroups && c < chunks ? __ldg(srow[r] + (c >> group_shift)) : 0.0f;
+            }
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
             const int c = c0 + 32 * u;
             if (c >= chunks) break;
-            float scale[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) scale[r] = kShiftGroups ? __ldg(srow[r] + (c >> group_shift)) : 0.0f;
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 if (m0 + t >= M) break;
@@ -192,7 +194,7 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
                 load_x16(xv, x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    if (kShiftGroups) acc[t][r] = fmaf(scale[r], dot16(w[u][r], xv), acc[t][r]);
+                    if (kShiftGroups) acc[t][r] = fmaf(scale[u][r], dot16(w[u][r], xv), acc[t][r]);
                     else acc[t][r] += dot16_scaled(w[u][r], xv, srow[r], 16 * c, gs, groups);
                 }
             }
@@ -459,10 +461,10 @@ extern "C" void gpu_sync(GpuCtx *g) { CUDA_CHECK(cudaStreamSynchronize(g->stream
 // ----------------------------------------------------------------------------
 // Linear layers
 
-template <int MT, bool kShift>
+template <int MT, bool kShift, int R = kRowsPerWarp, int U = kChunksInFlight>
 static void launch_q8(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int group_shift) {
-    dim3 grid(ceil_div_i(w->rows, kWarps * kRowsPerWarp), ceil_div_i(M, MT));
-    q8_matmul_kernel<kRowsPerWarp, MT, kShift><<<grid, kWarps * 32, 0, g->stream>>>(
+    dim3 grid(ceil_div_i(w->rows, kWarps * R), ceil_div_i(M, MT));
+    q8_matmul_kernel<R, U, MT, kShift><<<grid, kWarps * 32, 0, g->stream>>>(
         y, x, M, w->rows, w->cols, w->stride, w->groups, w->gs, group_shift, w->q, w->s);
     LAUNCH_CHECK("q8_matmul_kernel");
 }
@@ -477,11 +479,35 @@ static void launch_q8_tokens(GpuCtx *g, float *y, const float *x, int M, const M
     else launch_q8<8, kShift>(g, y, x, M, w, group_shift);
 }
 
-extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+static int group_shift(int gs) {   // log2(gs / 16), or -1 where gs is not 16 * 2^n
     int shift = 0;
-    while ((16 << shift) < w->gs) shift++;
-    if ((16 << shift) == w->gs) launch_q8_tokens<true>(g, y, x, M, w, shift);
+    while ((16 << shift) < gs) shift++;
+    return (16 << shift) == gs ? shift : -1;
+}
+
+extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+    int shift = group_shift(w->gs);
+    if (shift >= 0) launch_q8_tokens<true>(g, y, x, M, w, shift);
     else launch_q8_tokens<false>(g, y, x, M, w, 0);
+}
+
+// Tuning: the M = 1 kernel with other rows per warp (1, 2, 4) and chunks in flight (2, 4, 8),
+// for bench/kernel_bench's sweep. Returns -1 for a combination that is not built.
+extern "C" int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks) {
+    int shift = group_shift(w->gs), key = rows_per_warp * 10 + chunks;
+    if (shift < 0) return -1;
+    switch (key) {
+    case 12: launch_q8<1, true, 1, 2>(g, y, x, 1, w, shift); return 0;
+    case 14: launch_q8<1, true, 1, 4>(g, y, x, 1, w, shift); return 0;
+    case 18: launch_q8<1, true, 1, 8>(g, y, x, 1, w, shift); return 0;
+    case 22: launch_q8<1, true, 2, 2>(g, y, x, 1, w, shift); return 0;
+    case 24: launch_q8<1, true, 2, 4>(g, y, x, 1, w, shift); return 0;
+    case 28: launch_q8<1, true, 2, 8>(g, y, x, 1, w, shift); return 0;
+    case 42: launch_q8<1, true, 4, 2>(g, y, x, 1, w, shift); return 0;
+    case 44: launch_q8<1, true, 4, 4>(g, y, x, 1, w, shift); return 0;
+    case 48: launch_q8<1, true, 4, 8>(g, y, x, 1, w, shift); return 0;
+    }
+    return -1;
 }
 
 extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) {

@@ -37,6 +37,9 @@ void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *
 void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);                                // INT8 -> FP32 (N, K) dense
 void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw);   // cuBLAS
 void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w); // gpu_dequant + cuBLAS
+// Tuning only (bench/kernel_bench): the M = 1 fused kernel with rows per warp in {1, 2, 4} and
+// 16-byte chunks in flight per row in {2, 4, 8}; -1 if that combination is not built.
+int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks);
 
 // The rest of the forward pass.
 void gpu_embed(GpuCtx *g, float *x, const int *tokens, int M, const Mat *emb);   // tokens: host ids, checked

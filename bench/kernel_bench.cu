@@ -103,6 +103,11 @@ struct Case {
 };
 
 static void run_fused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, 1, &k->q8[c]); }
+static int variant_r, variant_u;
+static void run_variant(int c, void *p) {
+    Case *k = (Case *)p;
+    if (gpu_matmul_q8_variant(k->g, k->y, k->x, &k->q8[c], variant_r, variant_u)) exit(1);
+}
 static void run_unfused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, 1, &k->q8[c]); }
 static void run_read(int c, void *p) {
     Case *k = (Case *)p;
@@ -172,6 +177,15 @@ int main(int argc, char **argv) {
         double rd = time_us(run_read, &k, copies8, k.stream), f32 = time_us(run_fp32, &k, copies32, gst);
         double f16 = time_us(run_fp16, &k, copies16, k.stream);
         double fused_bytes = q_bytes + s_bytes + k.K * 4.0 + k.N * 4.0;
+        if (getenv("SWEEP")) {   // rows per warp x chunks in flight, microseconds
+            printf("  sweep %5dx%-6d:", k.N, k.K);
+            for (int r : {1, 2, 4})
+                for (int u : {2, 4, 8}) {
+                    variant_r = r, variant_u = u;
+                    printf(" r%du%d %.1f", r, u, time_us(run_variant, &k, copies8, gst));
+                }
+            printf("\n");
+        }
         printf("%5dx%-6d %9.1f | %8.1f %7.0f | %8.1f %7.0f | %6.2f | %8.1f %7.0f | %8.1f | %8.1f | %.2fx\n", k.N, k.K,
                q_bytes / 1e6, fused, fused_bytes / fused / 1e3, rd, (q_bytes + s_bytes) / rd / 1e3, fused / rd, f16,
                n * 2.0 / f16 / 1e3, f32, unfused, f16 / fused);

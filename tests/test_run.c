@@ -336,7 +336,9 @@ static size_t write_v1(const char *path, const Model *m) {
     buf[36] = (unsigned char)m->shared_classifier;
     put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
     put_floats(&p, m->w.tok_embedding.f, (size_t)c->vocab_size * D);
-    for (int w = 0; w < 7; w++) put_floats(&p, m->w.wq[0 + w * L].f, fp32_linear_floats(c, w));   // layers are contiguous
+    const Mat *src[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
+    for (int w = 0; w < 7; w++)
+        for (size_t l = 0; l < L; l++) put_floats(&p, src[w][l].f, (size_t)src[w][l].rows * src[w][l].cols);
     if (!m->shared_classifier) put_floats(&p, m->w.wcls.f, (size_t)c->vocab_size * D);
     n = p - buf;
     return write_file(path, buf, n) ? 0 : n;
