@@ -45,8 +45,13 @@ struct GpuCtx {
 namespace {
 
 constexpr int kWarps = 8;            // 256 threads a block: two warps per scheduler of an SM
-constexpr int kRowsPerWarp = 2;      // weight rows a warp computes; they share each x load
-constexpr int kChunksInFlight = 4;   // 16-byte weight chunks in flight per row per lane
+// Rows per warp and 16-byte chunks in flight per row, from bench/kernel_bench's sweep on the H200
+// (M = 1, 7B and TinyLlama shapes): 2 rows x 2 chunks was fastest or within noise of it for up to
+// 5632 rows; 4 rows x 2 chunks for 11008 and 32000 rows (fewer, longer-lived warps). More chunks
+// in flight was slower everywhere: the registers cost occupancy, and 16+ warps per SM already
+// keep enough bytes in flight.
+constexpr int kRowsPerWarp = 2, kRowsPerWarpTall = 4, kTallRows = 8192;
+constexpr int kChunksInFlight = 2;
 constexpr int kMaxTokens = 4096;
 constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
 
@@ -487,7 +492,8 @@ static int group_shift(int gs) {   // log2(gs / 16), or -1 where gs is not 16 * 
 
 extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
     int shift = group_shift(w->gs);
-    if (shift >= 0) launch_q8_tokens<true>(g, y, x, M, w, shift);
+    if (M == 1 && shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, kRowsPerWarpTall>(g, y, x, M, w, shift);
+    else if (shift >= 0) launch_q8_tokens<true>(g, y, x, M, w, shift);
     else launch_q8_tokens<false>(g, y, x, M, w, 0);
 }
 
