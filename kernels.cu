@@ -1,10 +1,14 @@
 // kernels.cu: the GPU kernels of the engine and their launchers (interface: kernels.h).
 //
 // Defines, kernels first:
-//   q8_matmul_kernel   fused INT8 dequant-GEMV/GEMM: y = x W^T with W read once as int8 + scales
+//   q8_matmul_kernel   fused INT8 dequant-GEMV/GEMM: y = x W^T with W read once as int8 + scales;
+//                      up to three outputs per launch (q, k, v), or w1 and w3 with the SwiGLU, and
+//                      optionally y += (the residual add)
 //   dequant_kernel     INT8 -> FP32 copy of one weight (the --unfused baseline, then cuBLAS)
-//   embed_kernel, rmsnorm_kernel, rope_kernel, attention_kernel, swiglu_kernel, add_kernel,
+//   embed_kernel, rmsnorm_kernel, rope_store_kernel, attention_kernel, swiglu_kernel,
 //   argmax_kernel      the rest of the forward pass
+// The step's position and token ids live in device memory (gpu_set_inputs), so that a decode
+// step captured as a CUDA graph replays at any position.
 // then the launchers: each takes the context's stream, sizes its grid with ceil_div, and checks
 // the launch.
 #include <cublas_v2.h>
@@ -12,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -35,11 +40,17 @@ static void cublas_check(cublasStatus_t s, const char *what, const char *file, i
 struct GpuCtx {
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_workspace;    // cuBLAS's own, so that it allocates nothing while a graph is captured
     float *scratch;          // (scratch_floats) dequantized weights for the unfused path
     size_t scratch_floats;
-    int *tokens;             // (kMaxTokens) token ids of the current forward call
+    int *inputs;             // (1 + kMaxTokens): the step's position, then its token ids
     int *argmax;             // (1) device result of gpu_argmax
     int *argmax_host;        // pinned
+};
+
+struct GpuGraph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
 };
 
 namespace {
@@ -53,6 +64,7 @@ constexpr int kWarps = 8;            // 256 threads a block: two warps per sched
 constexpr int kRowsPerWarp = 2, kRowsPerWarpTall = 4, kTallRows = 8192;
 constexpr int kChunksInFlight = 2;
 constexpr int kMaxTokens = 4096;
+constexpr size_t kBlasWorkspace = 32u << 20;
 constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -143,49 +155,70 @@ __device__ __forceinline__ void load_x16(float out[16], const float *__restrict_
     }
 }
 
+// One launch may compute up to three outputs that share x and K (q, k and v), each over its own
+// range of blocks; or, in pair mode, two weights row by row (w1 and w3) with the SwiGLU applied.
+struct Q8Out {
+    const int8_t *q;   // (N, stride)
+    const float *s;    // (N, groups)
+    float *y;          // (M, N)
+    int N;
+    int first_block;   // blockIdx.x where this output starts
+};
+struct Q8Args {
+    Q8Out out[3];
+    const float *x;    // (M, K)
+    int n_out, M, K, stride, groups, gs, group_shift;
+    int accumulate;    // y += result instead of y = result
+};
+
 // Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
 //
-//   grid.x: blocks of kWarps * R rows;  grid.y: groups of MT tokens
-//   Each warp takes R rows. Each lane walks them in 16-byte chunks c = lane, lane + 32, ... (a
-//   warp reads 512 contiguous bytes of a row per step), with kUnroll chunks per row in flight
-//   before the first is used. A chunk's 16 int8 become floats in registers right before the FMAs,
-//   and its one group scale multiplies the chunk's partial sum. A warp reduction gives each
-//   output. No dequantized weight is ever stored, in shared or global memory.
+//   grid.x: blocks of kWarps * R rows (of each output in turn);  grid.y: groups of MT tokens
+//   Each warp takes R rows (pair mode: R rows of w1 and the same R rows of w3). Each lane walks
+//   them in 16-byte chunks c = lane, lane + 32, ... (a warp reads 512 contiguous bytes of a row per
+//   step), with kUnroll chunks per row and their scales in flight before the first is used. A
+//   chunk's 16 int8 become floats in registers right before the FMAs, and its one group scale
+//   multiplies the chunk's partial sum. A warp reduction gives each output. No dequantized weight
+//   is ever stored, in shared or global memory.
 //   kShiftGroups: gs is 16 * 2^group_shift, so chunk c lies in group c >> group_shift.
-template <int R, int kUnroll, int MT, bool kShiftGroups>
-__global__ void __launch_bounds__(kWarps * 32)
-q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int N, int K, int stride, int groups,
-                 int gs, int group_shift, const int8_t *__restrict__ q, const float *__restrict__ s) {
+template <int R, int kUnroll, int MT, bool kShiftGroups, bool kPair>
+__global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) {
+    const int j = kPair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2
+                            : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
+    const Q8Out o = j == 0 ? a.out[0] : j == 1 ? a.out[1] : a.out[2];
+    constexpr int RR = kPair ? 2 * R : R;   // rows a warp reads
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row0 = (blockIdx.x * kWarps + warp) * R, m0 = blockIdx.y * MT;
-    if (row0 >= N) return;
+    const int row0 = ((blockIdx.x - o.first_block) * kWarps + warp) * R, m0 = blockIdx.y * MT;
+    if (row0 >= o.N) return;
+    const int K = a.K, stride = a.stride, groups = a.groups;
     const bool vec_x = K % 4 == 0;
-    const int8_t *qrow[R];
-    const float *srow[R];
+    const int8_t *qrow[RR];
+    const float *srow[RR];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = min(row0 + r, N - 1);   // rows past N repeat the last; never written
-        qrow[r] = q + (size_t)row * stride;
-        srow[r] = s + (size_t)row * groups;
+    for (int i = 0; i < RR; i++) {
+        const Q8Out &src = kPair && i >= R ? a.out[1] : o;
+        const int row = min(row0 + i % R, o.N - 1);   // rows past N repeat the last; never written
+        qrow[i] = src.q + (size_t)row * stride;
+        srow[i] = src.s + (size_t)row * groups;
     }
-    float acc[MT][R];
+    float acc[MT][RR];
 #pragma unroll
     for (int t = 0; t < MT; t++)
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[t][r] = 0.0f;
+        for (int r = 0; r < RR; r++) acc[t][r] = 0.0f;
 
     const int chunks = stride / 16;
     for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
         // all loads of this step first (weights and their scales: each misses L1), then the math
-        int4 w[kUnroll][R];
-        float scale[kUnroll][R];
+        int4 w[kUnroll][RR];
+        float scale[kUnroll][RR];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
             const int c = c0 + 32 * u;
 #pragma unroll
-            for (int r = 0; r < R; r++) {
+            for (int r = 0; r < RR; r++) {
                 w[u][r] = c < chunks ? load_stream(qrow[r] + 16 * c) : make_int4(0, 0, 0, 0);
-                scale[u][r] = kShiftGroups && c < chunks ? __ldg(srow[r] + (c >> group_shift)) : 0.0f;
+                scale[u][r] = kShiftGroups && c < chunks ? __ldg(srow[r] + (c >> a.group_shift)) : 0.0f;
             }
         }
 #pragma unroll
@@ -194,13 +227,13 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
             if (c >= chunks) break;
 #pragma unroll
             for (int t = 0; t < MT; t++) {
-                if (m0 + t >= M) break;
+                if (m0 + t >= a.M) break;
                 float xv[16];
-                load_x16(xv, x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
+                load_x16(xv, a.x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
 #pragma unroll
-                for (int r = 0; r < R; r++) {
+                for (int r = 0; r < RR; r++) {
                     if (kShiftGroups) acc[t][r] = fmaf(scale[u][r], dot16(w[u][r], xv), acc[t][r]);
-                    else acc[t][r] += dot16_scaled(w[u][r], xv, srow[r], 16 * c, gs, groups);
+                    else acc[t][r] += dot16_scaled(w[u][r], xv, srow[r], 16 * c, a.gs, groups);
                 }
             }
         }
@@ -209,8 +242,12 @@ q8_matmul_kernel(float *__restrict__ y, const float *__restrict__ x, int M, int 
     for (int t = 0; t < MT; t++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const float v = warp_sum(acc[t][r]);
-            if (lane == 0 && row0 + r < N && m0 + t < M) y[(size_t)(m0 + t) * N + row0 + r] = v;
+            float v = warp_sum(acc[t][r]);
+            if (kPair) v = v * (1.0f / (1.0f + expf(-v))) * warp_sum(acc[t][r + R]);   // silu(w1 x) * (w3 x)
+            if (lane == 0 && row0 + r < o.N && m0 + t < a.M) {
+                float *dst = o.y + (size_t)(m0 + t) * o.N + row0 + r;
+                *dst = a.accumulate ? *dst + v : v;
+            }
         }
 }
 
@@ -236,9 +273,10 @@ __global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride
 }
 
 // x (M, dim) = embedding rows of tokens; INT8 rows are dequantized, FP32 rows copied.
-__global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ tokens, int dim, int stride, int groups,
+// tokens: the step's inputs (position first, then the ids).
+__global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ inputs, int dim, int stride, int groups,
                              int gs, const int8_t *__restrict__ q, const float *__restrict__ s, const float *__restrict__ f) {
-    const size_t row = (size_t)tokens[blockIdx.x];
+    const size_t row = (size_t)inputs[1 + blockIdx.x];
     for (int j = threadIdx.x; j < dim; j += blockDim.x)
         x[(size_t)blockIdx.x * dim + j] = f ? f[row * stride + j] : q[row * stride + j] * s[row * groups + j / gs];
 }
@@ -254,21 +292,28 @@ __global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict_
     for (int j = threadIdx.x; j < n; j += blockDim.x) out[(size_t)blockIdx.x * n + j] = w[j] * (scale * x[j]);
 }
 
-// RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m; one thread per pair.
+// RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m, one thread per pair; then
+// the pair of k and of v goes into cache row pos + m. pos: inputs[0].
 __device__ __forceinline__ void rotate_pair(float *v, int i, float cs, float sn) {
     const float v0 = v[i], v1 = v[i + 1];
     v[i] = v0 * cs - v1 * sn;
     v[i + 1] = v0 * sn + v1 * cs;
 }
 
-__global__ void rope_kernel(float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size) {
-    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y;
-    if (i >= dim || m >= M) return;
+__global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, float *kc, float *vc,
+                                  const int *__restrict__ inputs, int dim, int kv_dim, int head_size) {
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + m;
+    if (i >= dim) return;
     const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
     float sn, cs;
-    sincosf((pos + m) * freq, &sn, &cs);
+    sincosf(pos * freq, &sn, &cs);
     rotate_pair(q + (size_t)m * dim, i, cs, sn);
-    if (i < kv_dim) rotate_pair(k + (size_t)m * kv_dim, i, cs, sn);
+    if (i >= kv_dim) return;
+    float *km = k + (size_t)m * kv_dim;
+    rotate_pair(km, i, cs, sn);
+    const size_t at = (size_t)pos * kv_dim + i;
+    kc[at] = km[i], kc[at + 1] = km[i + 1];
+    vc[at] = v[(size_t)m * kv_dim + i], vc[at + 1] = v[(size_t)m * kv_dim + i + 1];
 }
 
 // One block per (head, token): scores against cache rows 0..pos+m, softmax, weighted sum of values.
@@ -278,12 +323,12 @@ __global__ void rope_kernel(float *q, float *k, int M, int pos, int dim, int kv_
 constexpr int kAttnThreads = 256, kMaxHeadSize = 256;
 __global__ void __launch_bounds__(kAttnThreads)
 attention_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
-                 const float *__restrict__ vc, int pos, int n_heads, int n_kv_heads, int head_size) {
+                 const float *__restrict__ vc, const int *__restrict__ inputs, int n_heads, int n_kv_heads, int head_size) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
     constexpr int n_warps = kAttnThreads / 32;
     float *qs = reinterpret_cast<float *>(smem4), *part = qs + head_size, *att = part + n_warps * head_size;
-    const int h = blockIdx.x, m = blockIdx.y, last = pos + m, dim = n_heads * head_size;
+    const int h = blockIdx.x, m = blockIdx.y, last = inputs[0] + m, dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int i = threadIdx.x; i < head_size; i += blockDim.x) qs[i] = q[(size_t)m * dim + h * head_size + i];
@@ -340,11 +385,6 @@ __global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
         const float v = h[i];
         h[i] = v * (1.0f / (1.0f + expf(-v))) * g[i];
     }
-}
-
-__global__ void add_kernel(float *x, const float *__restrict__ y, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += y[i];
 }
 
 // One block: the first index of the maximum (ties go to the lower index, as on the CPU).
@@ -420,9 +460,11 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
     CUBLAS_CHECK(cublasCreate(&g->blas));
     CUBLAS_CHECK(cublasSetStream(g->blas, g->stream));
     CUBLAS_CHECK(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));   // true FP32, no TF32
+    CUDA_CHECK(cudaMalloc(&g->blas_workspace, kBlasWorkspace));
+    CUBLAS_CHECK(cublasSetWorkspace(g->blas, g->blas_workspace, kBlasWorkspace));
     g->scratch_floats = scratch_floats;
     if (scratch_floats) CUDA_CHECK(cudaMalloc(&g->scratch, scratch_floats * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&g->tokens, kMaxTokens * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&g->inputs, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&g->argmax_host, sizeof(int)));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
@@ -433,7 +475,8 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     if (!g) return;
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaFree(g->scratch));
-    CUDA_CHECK(cudaFree(g->tokens));
+    CUDA_CHECK(cudaFree(g->inputs));
+    CUDA_CHECK(cudaFree(g->blas_workspace));
     CUDA_CHECK(cudaFree(g->argmax));
     CUDA_CHECK(cudaFreeHost(g->argmax_host));
     CUBLAS_CHECK(cublasDestroy(g->blas));
@@ -461,27 +504,72 @@ extern "C" void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes
 
 extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
 
+// From pageable memory: the call returns once the host values are staged, so the caller may
+// reuse its array at once.
+extern "C" void gpu_set_inputs(GpuCtx *g, const int *tokens, int M, int pos) {
+    int staged[1 + kMaxTokens];
+    if (M < 1 || M > kMaxTokens) {
+        fprintf(stderr, "run: gpu_set_inputs: %d tokens in one step, 1 to %d allowed\n", M, kMaxTokens);
+        exit(1);
+    }
+    staged[0] = pos;
+    memcpy(staged + 1, tokens, M * sizeof(int));
+    CUDA_CHECK(cudaMemcpyAsync(g->inputs, staged, (1 + M) * sizeof(int), cudaMemcpyHostToDevice, g->stream));
+}
+
+extern "C" void gpu_graph_begin(GpuCtx *g) {
+    CUDA_CHECK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+}
+
+extern "C" GpuGraph *gpu_graph_end(GpuCtx *g) {
+    GpuGraph *graph = (GpuGraph *)calloc(1, sizeof(GpuGraph));
+    if (!graph) {
+        fprintf(stderr, "run: out of memory\n");
+        exit(1);
+    }
+    CUDA_CHECK(cudaStreamEndCapture(g->stream, &graph->graph));
+    CUDA_CHECK(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
+    return graph;
+}
+
+extern "C" void gpu_graph_launch(GpuCtx *g, GpuGraph *graph) { CUDA_CHECK(cudaGraphLaunch(graph->exec, g->stream)); }
+
+extern "C" void gpu_graph_free(GpuGraph *graph) {
+    CUDA_CHECK(cudaGraphExecDestroy(graph->exec));
+    CUDA_CHECK(cudaGraphDestroy(graph->graph));
+    free(graph);
+}
+
 extern "C" void gpu_sync(GpuCtx *g) { CUDA_CHECK(cudaStreamSynchronize(g->stream)); }
 
 // ----------------------------------------------------------------------------
 // Linear layers
 
-template <int MT, bool kShift, int R = kRowsPerWarp, int U = kChunksInFlight>
-static void launch_q8(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int group_shift) {
-    dim3 grid(ceil_div_i(w->rows, kWarps * R), ceil_div_i(M, MT));
-    q8_matmul_kernel<R, U, MT, kShift><<<grid, kWarps * 32, 0, g->stream>>>(
-        y, x, M, w->rows, w->cols, w->stride, w->groups, w->gs, group_shift, w->q, w->s);
+// Sets each output's first block; returns the blocks along x.
+static int assign_blocks(Q8Args *a, int rows_per_block, int pair) {
+    int blocks = 0;
+    for (int j = 0; j < (pair ? 1 : a->n_out); j++) {
+        a->out[j].first_block = blocks;
+        blocks += ceil_div_i(a->out[j].N, rows_per_block);
+    }
+    return blocks;
+}
+
+template <int MT, bool kShift, bool kPair, int R = kRowsPerWarp, int U = kChunksInFlight>
+static void launch_q8(GpuCtx *g, Q8Args a) {
+    dim3 grid(assign_blocks(&a, kWarps * R, kPair), ceil_div_i(a.M, MT));
+    q8_matmul_kernel<R, U, MT, kShift, kPair><<<grid, kWarps * 32, 0, g->stream>>>(a);
     LAUNCH_CHECK("q8_matmul_kernel");
 }
 
 // Tokens per block: the power of two covering M, at most 8 (their accumulators are registers);
 // larger M takes several blocks along y, each streaming the weights again (from L2 when they fit).
-template <bool kShift>
-static void launch_q8_tokens(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int group_shift) {
-    if (M == 1) launch_q8<1, kShift>(g, y, x, M, w, group_shift);
-    else if (M == 2) launch_q8<2, kShift>(g, y, x, M, w, group_shift);
-    else if (M <= 4) launch_q8<4, kShift>(g, y, x, M, w, group_shift);
-    else launch_q8<8, kShift>(g, y, x, M, w, group_shift);
+template <bool kShift, bool kPair>
+static void launch_q8_tokens(GpuCtx *g, const Q8Args &a) {
+    if (a.M == 1) launch_q8<1, kShift, kPair>(g, a);
+    else if (a.M == 2) launch_q8<2, kShift, kPair>(g, a);
+    else if (a.M <= 4) launch_q8<4, kShift, kPair>(g, a);
+    else launch_q8<8, kShift, kPair>(g, a);
 }
 
 static int group_shift(int gs) {   // log2(gs / 16), or -1 where gs is not 16 * 2^n
@@ -490,28 +578,67 @@ static int group_shift(int gs) {   // log2(gs / 16), or -1 where gs is not 16 * 
     return (16 << shift) == gs ? shift : -1;
 }
 
-extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
-    int shift = group_shift(w->gs);
-    if (M == 1 && shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, kRowsPerWarpTall>(g, y, x, M, w, shift);
-    else if (shift >= 0) launch_q8_tokens<true>(g, y, x, M, w, shift);
-    else launch_q8_tokens<false>(g, y, x, M, w, 0);
+// Arguments for n weights of one shape along K (checked) and their outputs.
+static Q8Args q8_args(const float *x, int M, int n, const Mat *const *w, float *const *y, int accumulate) {
+    Q8Args a;
+    memset(&a, 0, sizeof a);
+    for (int j = 0; j < n; j++) {
+        if (w[j]->cols != w[0]->cols || w[j]->gs != w[0]->gs) {
+            fprintf(stderr, "run: fused matmul: weights of %d and %d columns (group sizes %d, %d) in one launch\n",
+                    w[0]->cols, w[j]->cols, w[0]->gs, w[j]->gs);
+            exit(1);
+        }
+        a.out[j] = (Q8Out){w[j]->q, w[j]->s, y[j], w[j]->rows, 0};
+    }
+    a.x = x, a.n_out = n, a.M = M, a.K = w[0]->cols, a.stride = w[0]->stride, a.groups = w[0]->groups;
+    a.gs = w[0]->gs, a.group_shift = group_shift(a.gs), a.accumulate = accumulate;
+    return a;
+}
+
+template <bool kPair>
+static void launch_q8_any(GpuCtx *g, const Q8Args &a) {
+    if (a.group_shift >= 0) launch_q8_tokens<true, kPair>(g, a);
+    else launch_q8_tokens<false, kPair>(g, a);
+}
+
+extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    Q8Args a = q8_args(x, M, 1, &w, &y, accumulate);
+    if (M == 1 && a.group_shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
+    else launch_q8_any<false>(g, a);
+}
+
+extern "C" void gpu_matmul_q8_fused3(GpuCtx *g, float *y0, float *y1, float *y2, const float *x, int M, const Mat *w0,
+                                     const Mat *w1, const Mat *w2) {
+    const Mat *w[3] = {w0, w1, w2};
+    float *y[3] = {y0, y1, y2};
+    launch_q8_any<false>(g, q8_args(x, M, 3, w, y, 0));
+}
+
+extern "C" void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3) {
+    const Mat *w[2] = {w1, w3};
+    float *y[2] = {h, NULL};
+    if (w1->rows != w3->rows) {
+        fprintf(stderr, "run: fused SwiGLU: w1 has %d rows, w3 %d\n", w1->rows, w3->rows);
+        exit(1);
+    }
+    launch_q8_any<true>(g, q8_args(x, M, 2, w, y, 0));
 }
 
 // Tuning: the M = 1 kernel with other rows per warp (1, 2, 4) and chunks in flight (2, 4, 8),
 // for bench/kernel_bench's sweep. Returns -1 for a combination that is not built.
 extern "C" int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks) {
-    int shift = group_shift(w->gs), key = rows_per_warp * 10 + chunks;
-    if (shift < 0) return -1;
-    switch (key) {
-    case 12: launch_q8<1, true, 1, 2>(g, y, x, 1, w, shift); return 0;
-    case 14: launch_q8<1, true, 1, 4>(g, y, x, 1, w, shift); return 0;
-    case 18: launch_q8<1, true, 1, 8>(g, y, x, 1, w, shift); return 0;
-    case 22: launch_q8<1, true, 2, 2>(g, y, x, 1, w, shift); return 0;
-    case 24: launch_q8<1, true, 2, 4>(g, y, x, 1, w, shift); return 0;
-    case 28: launch_q8<1, true, 2, 8>(g, y, x, 1, w, shift); return 0;
-    case 42: launch_q8<1, true, 4, 2>(g, y, x, 1, w, shift); return 0;
-    case 44: launch_q8<1, true, 4, 4>(g, y, x, 1, w, shift); return 0;
-    case 48: launch_q8<1, true, 4, 8>(g, y, x, 1, w, shift); return 0;
+    Q8Args a = q8_args(x, 1, 1, &w, &y, 0);
+    if (a.group_shift < 0) return -1;
+    switch (rows_per_warp * 10 + chunks) {
+    case 12: launch_q8<1, true, false, 1, 2>(g, a); return 0;
+    case 14: launch_q8<1, true, false, 1, 4>(g, a); return 0;
+    case 18: launch_q8<1, true, false, 1, 8>(g, a); return 0;
+    case 22: launch_q8<1, true, false, 2, 2>(g, a); return 0;
+    case 24: launch_q8<1, true, false, 2, 4>(g, a); return 0;
+    case 28: launch_q8<1, true, false, 2, 8>(g, a); return 0;
+    case 42: launch_q8<1, true, false, 4, 2>(g, a); return 0;
+    case 44: launch_q8<1, true, false, 4, 4>(g, a); return 0;
+    case 48: launch_q8<1, true, false, 4, 8>(g, a); return 0;
     }
     return -1;
 }
@@ -524,31 +651,27 @@ extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) {
 
 // Row-major y (M, N) = x (M, K) W^T is, column-major, y^T (N, M) = W_cm^T (N, K) x^T (K, M),
 // where W_cm is W read column-major: (K, N) with leading dimension ldw.
-extern "C" void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw) {
-    const float one = 1.0f, zero = 0.0f;
-    if (M == 1) CUBLAS_CHECK(cublasSgemv(g->blas, CUBLAS_OP_T, K, N, &one, W, ldw, x, 1, &zero, y, 1));
-    else CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, ldw, x, K, &zero, y, N));
+extern "C" void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw,
+                               int accumulate) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if (M == 1) CUBLAS_CHECK(cublasSgemv(g->blas, CUBLAS_OP_T, K, N, &one, W, ldw, x, 1, &beta, y, 1));
+    else CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, ldw, x, K, &beta, y, N));
 }
 
-extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w) {
+extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
     if ((size_t)w->rows * w->cols > g->scratch_floats) {
         fprintf(stderr, "run: unfused scratch holds %zu floats, a %d x %d weight needs more\n", g->scratch_floats, w->rows, w->cols);
         exit(1);
     }
     gpu_dequant(g, g->scratch, w);
-    gpu_matmul_f32(g, y, x, M, g->scratch, w->rows, w->cols, w->cols);
+    gpu_matmul_f32(g, y, x, M, g->scratch, w->rows, w->cols, w->cols, accumulate);
 }
 
 // ----------------------------------------------------------------------------
 // The rest of the forward pass
 
-extern "C" void gpu_embed(GpuCtx *g, float *x, const int *tokens, int M, const Mat *emb) {
-    if (M > kMaxTokens) {
-        fprintf(stderr, "run: gpu_embed: %d tokens in one call, at most %d\n", M, kMaxTokens);
-        exit(1);
-    }
-    CUDA_CHECK(cudaMemcpyAsync(g->tokens, tokens, M * sizeof(int), cudaMemcpyHostToDevice, g->stream));
-    embed_kernel<<<M, 256, 0, g->stream>>>(x, g->tokens, emb->cols, emb->stride, emb->groups, emb->gs, emb->q, emb->s, emb->f);
+extern "C" void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb) {
+    embed_kernel<<<M, 256, 0, g->stream>>>(x, g->inputs, emb->cols, emb->stride, emb->groups, emb->gs, emb->q, emb->s, emb->f);
     LAUNCH_CHECK("embed_kernel");
 }
 
@@ -557,31 +680,30 @@ extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float 
     LAUNCH_CHECK("rmsnorm_kernel");
 }
 
-extern "C" void gpu_rope(GpuCtx *g, float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size) {
+extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, float *key_cache, float *value_cache, int M,
+                               int dim, int kv_dim, int head_size) {
     dim3 grid(ceil_div_i(dim / 2, 128), M);
-    rope_kernel<<<grid, 128, 0, g->stream>>>(q, k, M, pos, dim, kv_dim, head_size);
-    LAUNCH_CHECK("rope_kernel");
+    rope_store_kernel<<<grid, 128, 0, g->stream>>>(q, k, v, key_cache, value_cache, g->inputs, dim, kv_dim, head_size);
+    LAUNCH_CHECK("rope_store_kernel");
 }
 
 extern "C" int gpu_attention_max_len(void) { return kMaxSmem / (int)sizeof(float) - 9 * kMaxHeadSize; }
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
 
+// Shared memory for the whole context: the position is on the device, and a captured step is
+// replayed at every position.
 extern "C" void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache,
-                              int M, int pos, int n_heads, int n_kv_heads, int head_size) {
-    const size_t smem = (size_t)(9 * head_size + pos + M) * sizeof(float);
+                              int M, int n_heads, int n_kv_heads, int head_size, int seq_len) {
+    const size_t smem = (size_t)(9 * head_size + seq_len) * sizeof(float);
     dim3 grid(n_heads, M);
-    attention_kernel<<<grid, kAttnThreads, smem, g->stream>>>(out, q, key_cache, value_cache, pos, n_heads, n_kv_heads, head_size);
+    attention_kernel<<<grid, kAttnThreads, smem, g->stream>>>(out, q, key_cache, value_cache, g->inputs, n_heads, n_kv_heads,
+                                                              head_size);
     LAUNCH_CHECK("attention_kernel");
 }
 
 extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
     swiglu_kernel<<<ceil_div_i(n, 256), 256, 0, g->stream>>>(h, gate, n);
     LAUNCH_CHECK("swiglu_kernel");
-}
-
-extern "C" void gpu_add(GpuCtx *g, float *x, const float *y, int n) {
-    add_kernel<<<ceil_div_i(n, 256), 256, 0, g->stream>>>(x, y, n);
-    LAUNCH_CHECK("add_kernel");
 }
 
 extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {

@@ -13,7 +13,8 @@
 extern "C" {
 #endif
 
-typedef struct GpuCtx GpuCtx;   // stream, cuBLAS handle, device scratch
+typedef struct GpuCtx GpuCtx;       // stream, cuBLAS handle, device scratch, the step's inputs
+typedef struct GpuGraph GpuGraph;   // a captured forward step
 
 // 0 if a usable GPU is there, else -1 with the reason in why (ERR_LEN bytes).
 int gpu_probe(char *why);
@@ -31,28 +32,44 @@ void gpu_upload(void *dst, const void *src, size_t bytes);         // synchronou
 void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes);   // waits for the stream
 void gpu_sync(GpuCtx *g);
 
-// Linear layers: y (M, N) = x (M, K) W^T, W (N, K) given as a Mat with device pointers;
-// x rows are K floats apart, y rows N floats apart.
-void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w);   // INT8, dequant in registers
-void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);                                // INT8 -> FP32 (N, K) dense
-void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw);   // cuBLAS
-void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w); // gpu_dequant + cuBLAS
+// The inputs of the next forward step, kept in device memory so that a captured step replays at
+// any position: M token ids (checked by the caller) and the position of the first.
+void gpu_set_inputs(GpuCtx *g, const int *tokens, int M, int pos);
+// Capture: between begin and end, launches on the context's stream are recorded, not run.
+void gpu_graph_begin(GpuCtx *g);
+GpuGraph *gpu_graph_end(GpuCtx *g);
+void gpu_graph_launch(GpuCtx *g, GpuGraph *graph);
+void gpu_graph_free(GpuGraph *graph);
+
+// Linear layers: y (M, N) = x (M, K) W^T, W (N, K) given as a Mat with device pointers; x rows
+// are K floats apart, y rows N. accumulate: y += x W^T instead (the residual add, fused).
+void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
+// Three INT8 weights of one K (q, k, v) in one launch.
+void gpu_matmul_q8_fused3(GpuCtx *g, float *y0, float *y1, float *y2, const float *x, int M, const Mat *w0,
+                          const Mat *w1, const Mat *w2);
+// h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
+void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3);
+void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);   // INT8 -> FP32 (N, K) dense
+void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw, int accumulate);
+void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);   // dequant + cuBLAS
 // Tuning only (bench/kernel_bench): the M = 1 fused kernel with rows per warp in {1, 2, 4} and
 // 16-byte chunks in flight per row in {2, 4, 8}; -1 if that combination is not built.
 int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks);
 
-// The rest of the forward pass.
-void gpu_embed(GpuCtx *g, float *x, const int *tokens, int M, const Mat *emb);   // tokens: host ids, checked
+// The rest of the forward pass; tokens and position come from gpu_set_inputs.
+void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb);   // x (M, dim) = embedding rows
 void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n);
-void gpu_rope(GpuCtx *g, float *q, float *k, int M, int pos, int dim, int kv_dim, int head_size);
+// RoPE on q (M, dim) and k (M, kv_dim), then k and v (M, kv_dim) stored at rows pos..pos+M-1 of
+// the layer's caches (seq_len, kv_dim).
+void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, float *key_cache, float *value_cache, int M, int dim,
+                    int kv_dim, int head_size);
 // out (M, n_heads * hs) = causal attention of q (M, n_heads * hs) at positions pos..pos+M-1 over
-// the layer's caches (seq_len, n_kv_heads * hs), rows 0..pos+M-1 valid.
+// the layer's caches (seq_len, n_kv_heads * hs).
 void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache, int M,
-                   int pos, int n_heads, int n_kv_heads, int head_size);
+                   int n_heads, int n_kv_heads, int head_size, int seq_len);
 int gpu_attention_max_len(void);         // longest context the attention kernel handles
 int gpu_attention_max_head_size(void);   // and the largest head
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate
-void gpu_add(GpuCtx *g, float *x, const float *y, int n);         // x += y
 int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index of the maximum
 
 #ifdef __cplusplus

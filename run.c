@@ -48,24 +48,35 @@ static void *xcalloc(size_t n, size_t size) {
 
 // Activations and the KV cache; host memory for the CPU executor, device memory for the GPU's.
 typedef struct {
-    float *x, *xb, *xb2;              // (MAX_BATCH, dim): residual stream and scratch
+    float *x, *xb;                    // (MAX_BATCH, dim): residual stream, normed input / attention output
     float *q;                         // (MAX_BATCH, dim)
+    float *k, *v;                     // (MAX_BATCH, kv_dim): the new tokens' keys and values
     float *hb, *hb2;                  // (MAX_BATCH, hidden_dim)
     float *att;                       // CPU: (seq_len) scores of one head
     float *logits;                    // (MAX_BATCH, vocab)
     float *key_cache, *value_cache;   // (layer, seq_len, kv_dim)
 } RunState;
 
+// The operations forward() is written against. Positions and token ids are passed on every call;
+// the GPU executor keeps them in device memory (set by begin), so that a decode step captured as a
+// CUDA graph replays at any position.
 typedef struct Exec Exec;
 typedef struct {
     const char *name;
+    // Optional: called first; returns 1 if it ran the whole forward itself (a replayed graph).
+    int (*begin)(Exec *e, const int *tokens, int M, int pos, int all_logits);
+    void (*end)(Exec *e);   // optional: called last
     void (*embed)(Exec *e, const int *tokens, int M);                          // x = rows of the embedding
     void (*rmsnorm)(Exec *e, float *out, const float *in, const float *w, int M);   // rows of dim
-    void (*matmul)(Exec *e, float *out, const float *in, int M, const Mat *w);      // out (M, rows) = in (M, cols) W^T
-    void (*rope)(Exec *e, float *q, float *k, int M, int pos);                  // q (M, dim), k (M, kv_dim)
+    // out (M, rows) = in (M, cols) W^T; with accumulate, out += that instead (the residual add)
+    void (*matmul)(Exec *e, float *out, const float *in, int M, const Mat *w, int accumulate);
+    // q, k, v = in W^T for the three attention weights (one launch on the GPU)
+    void (*qkv)(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv);
+    // hb = silu(in w1^T) * (in w3^T): the feed-forward's first half (one launch on the GPU)
+    void (*ffn_up)(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3);
+    // RoPE on q and k of tokens at pos..pos+M-1, then k and v stored in the layer's cache rows
+    void (*rope_store)(Exec *e, int layer, int M, int pos);
     void (*attention)(Exec *e, int layer, int M, int pos);                      // xb = attention of q over the cache
-    void (*swiglu)(Exec *e, float *h, const float *g, int n);                   // h = silu(h) * g
-    void (*add)(Exec *e, float *x, const float *y, int n);                      // x += y
     const float *(*to_host)(Exec *e, const float *logits, int rows);           // logits readable by the host
     int (*argmax)(Exec *e, const float *logits);                                // greedy token of one row
     void (*release)(Exec *e);
@@ -123,7 +134,7 @@ static float dot_q8(const int8_t *q, const float *s, int cols, int gs, const flo
 }
 
 // Each weight row is read once for all M inputs (prefill batches share the weight traffic).
-static void cpu_matmul(Exec *e, float *out, const float *in, int M, const Mat *w) {
+static void cpu_matmul(Exec *e, float *out, const float *in, int M, const Mat *w, int accumulate) {
     (void)e;
     int K = w->cols, N = w->rows;
     for (int r = 0; r < N; r++) {
@@ -136,28 +147,52 @@ static void cpu_matmul(Exec *e, float *out, const float *in, int M, const Mat *w
             } else {
                 val = dot_q8(w->q + (size_t)r * w->stride, w->s + (size_t)r * w->groups, K, w->gs, x);
             }
-            out[(size_t)m * N + r] = val;
+            if (accumulate) out[(size_t)m * N + r] += val;
+            else out[(size_t)m * N + r] = val;
         }
     }
 }
 
-// RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size);
-// keys only cover kv_dim. Same operations as llama2.c, so FP32 results match it bit for bit.
-static void cpu_rope(Exec *e, float *q, float *k, int M, int pos) {
-    int dim = e->cfg.dim, head_size = dim / e->cfg.n_heads, kv_dim = head_size * e->cfg.n_kv_heads;
+static void cpu_qkv(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    cpu_matmul(e, e->s.q, in, M, wq, 0);
+    cpu_matmul(e, e->s.k, in, M, wk, 0);
+    cpu_matmul(e, e->s.v, in, M, wv, 0);
+}
+
+static void cpu_ffn_up(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
+    float *h = e->s.hb, *g = e->s.hb2;
+    cpu_matmul(e, h, in, M, w1, 0);
+    cpu_matmul(e, g, in, M, w3, 0);
+    for (size_t i = 0; i < (size_t)M * w1->rows; i++) {
+        float val = h[i];
+        val *= (1.0f / (1.0f + expf(-val)));   // silu(x) = x * sigmoid(x)
+        h[i] = val * g[i];
+    }
+}
+
+// RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size); keys only cover
+// kv_dim. Same operations as llama2.c, so FP32 results match it bit for bit. Then the new keys
+// and values go into the cache rows pos..pos+M-1.
+static void cpu_rope_store(Exec *e, int layer, int M, int pos) {
+    const Config *p = &e->cfg;
+    int dim = p->dim, head_size = dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
     for (int m = 0; m < M; m++) {
+        float *q = e->s.q + (size_t)m * dim, *k = e->s.k + (size_t)m * kv_dim;
         for (int i = 0; i < dim; i += 2) {
             int head_dim = i % head_size;
             float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
             float val = (pos + m) * freq, fcr = cosf(val), fci = sinf(val);
             for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
-                float *vec = v == 0 ? q + (size_t)m * dim : k + (size_t)m * kv_dim;
+                float *vec = v == 0 ? q : k;
                 float v0 = vec[i], v1 = vec[i + 1];
                 vec[i] = v0 * fcr - v1 * fci;
                 vec[i + 1] = v0 * fci + v1 * fcr;
             }
         }
     }
+    size_t at = ((size_t)layer * p->seq_len + pos) * kv_dim;
+    memcpy(e->s.key_cache + at, e->s.k, (size_t)M * kv_dim * sizeof(float));
+    memcpy(e->s.value_cache + at, e->s.v, (size_t)M * kv_dim * sizeof(float));
 }
 
 static void softmax(float *x, int n) {
@@ -200,20 +235,6 @@ static void cpu_attention(Exec *e, int layer, int M, int pos) {
     }
 }
 
-static void cpu_swiglu(Exec *e, float *h, const float *g, int n) {
-    (void)e;
-    for (int i = 0; i < n; i++) {
-        float val = h[i];
-        val *= (1.0f / (1.0f + expf(-val)));   // silu(x) = x * sigmoid(x)
-        h[i] = val * g[i];
-    }
-}
-
-static void cpu_add(Exec *e, float *x, const float *y, int n) {
-    (void)e;
-    for (int i = 0; i < n; i++) x[i] += y[i];
-}
-
 static const float *cpu_to_host(Exec *e, const float *logits, int rows) {
     (void)e, (void)rows;
     return logits;
@@ -230,30 +251,42 @@ static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, 
 
 static void cpu_release(Exec *e) {
     RunState *s = &e->s;
-    float *bufs[] = {s->x, s->xb, s->xb2, s->q, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
-static const Ops cpu_ops = {"cpu", cpu_embed, cpu_rmsnorm, cpu_matmul, cpu_rope, cpu_attention,
-                            cpu_swiglu, cpu_add, cpu_to_host, cpu_argmax, cpu_release};
+static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, cpu_qkv, cpu_ffn_up,
+                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_release};
+
+// Sizes of the RunState buffers, in floats, shared by both executors' allocations.
+typedef struct {
+    size_t x, kv, hidden, logits, cache;
+} StateSizes;
+
+static StateSizes state_sizes(const Config *p) {
+    size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads;
+    return (StateSizes){(size_t)MAX_BATCH * p->dim, MAX_BATCH * kv_dim, (size_t)MAX_BATCH * p->hidden_dim,
+                        (size_t)MAX_BATCH * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
+}
+
+static void alloc_state(RunState *s, const Config *p, void *(*alloc)(size_t bytes)) {
+    StateSizes z = state_sizes(p);
+    s->x = alloc(z.x * sizeof(float)), s->xb = alloc(z.x * sizeof(float)), s->q = alloc(z.x * sizeof(float));
+    s->k = alloc(z.kv * sizeof(float)), s->v = alloc(z.kv * sizeof(float));
+    s->hb = alloc(z.hidden * sizeof(float)), s->hb2 = alloc(z.hidden * sizeof(float));
+    s->logits = alloc(z.logits * sizeof(float));
+    s->key_cache = alloc(z.cache * sizeof(float)), s->value_cache = alloc(z.cache * sizeof(float));
+}
+
+static void *host_alloc(size_t bytes) { return xcalloc(bytes, 1); }
 
 static void cpu_exec_init(Exec *e, const Model *m) {
-    const Config *p = &m->cfg;
-    size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads, B = MAX_BATCH;
     memset(e, 0, sizeof *e);
     e->ops = &cpu_ops;
-    e->cfg = *p;
+    e->cfg = m->cfg;
     e->w = &m->w;
-    e->s.x = xcalloc(B * p->dim, sizeof(float));
-    e->s.xb = xcalloc(B * p->dim, sizeof(float));
-    e->s.xb2 = xcalloc(B * p->dim, sizeof(float));
-    e->s.q = xcalloc(B * p->dim, sizeof(float));
-    e->s.hb = xcalloc(B * p->hidden_dim, sizeof(float));
-    e->s.hb2 = xcalloc(B * p->hidden_dim, sizeof(float));
-    e->s.att = xcalloc(p->seq_len, sizeof(float));
-    e->s.logits = xcalloc(B * p->vocab_size, sizeof(float));
-    e->s.key_cache = xcalloc((size_t)p->n_layers * p->seq_len * kv_dim, sizeof(float));
-    e->s.value_cache = xcalloc((size_t)p->n_layers * p->seq_len * kv_dim, sizeof(float));
+    alloc_state(&e->s, &m->cfg, host_alloc);
+    e->s.att = xcalloc(m->cfg.seq_len, sizeof(float));
 }
 
 // ----------------------------------------------------------------------------
@@ -267,31 +300,34 @@ static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_
     const Weights *w = e->w;
     const Ops *o = e->ops;
     RunState *s = &e->s;
-    int dim = p->dim, kv_dim = dim / p->n_heads * p->n_kv_heads;
+    int dim = p->dim;
+    for (int m = 0; m < M; m++)
+        if (tokens[m] < 0 || tokens[m] >= p->vocab_size) {
+            fprintf(stderr, "run: token id %d is outside the vocabulary [0, %d)\n", tokens[m], p->vocab_size);
+            exit(1);
+        }
+    if (M < 1 || M > MAX_BATCH || pos < 0 || pos + M > p->seq_len) {
+        fprintf(stderr, "run: forward of %d tokens at position %d: outside the context of %d\n", M, pos, p->seq_len);
+        exit(1);
+    }
+    if (o->begin && o->begin(e, tokens, M, pos, all_logits)) return s->logits;
     o->embed(e, tokens, M);
     for (int l = 0; l < p->n_layers; l++) {
-        // attention: k and v of the M new tokens go straight into the cache rows pos..pos+M-1
-        float *k = s->key_cache + ((size_t)l * p->seq_len + pos) * kv_dim;
-        float *v = s->value_cache + ((size_t)l * p->seq_len + pos) * kv_dim;
+        // attention, with the residual add in the output projection
         o->rmsnorm(e, s->xb, s->x, w->rms_att + (size_t)l * dim, M);
-        o->matmul(e, s->q, s->xb, M, &w->wq[l]);
-        o->matmul(e, k, s->xb, M, &w->wk[l]);
-        o->matmul(e, v, s->xb, M, &w->wv[l]);
-        o->rope(e, s->q, k, M, pos);
+        o->qkv(e, s->xb, M, &w->wq[l], &w->wk[l], &w->wv[l]);
+        o->rope_store(e, l, M, pos);
         o->attention(e, l, M, pos);
-        o->matmul(e, s->xb2, s->xb, M, &w->wo[l]);
-        o->add(e, s->x, s->xb2, M * dim);
-        // feed-forward: w2(silu(w1 x) * w3 x)
+        o->matmul(e, s->x, s->xb, M, &w->wo[l], 1);
+        // feed-forward: x += w2(silu(w1 x) * w3 x)
         o->rmsnorm(e, s->xb, s->x, w->rms_ffn + (size_t)l * dim, M);
-        o->matmul(e, s->hb, s->xb, M, &w->w1[l]);
-        o->matmul(e, s->hb2, s->xb, M, &w->w3[l]);
-        o->swiglu(e, s->hb, s->hb2, M * p->hidden_dim);
-        o->matmul(e, s->xb, s->hb, M, &w->w2[l]);
-        o->add(e, s->x, s->xb, M * dim);
+        o->ffn_up(e, s->xb, M, &w->w1[l], &w->w3[l]);
+        o->matmul(e, s->x, s->hb, M, &w->w2[l], 1);
     }
     int first = all_logits ? 0 : M - 1;
     o->rmsnorm(e, s->xb, s->x + (size_t)first * dim, w->rms_final, M - first);
-    o->matmul(e, s->logits, s->xb, M - first, &w->wcls);
+    o->matmul(e, s->logits, s->xb, M - first, &w->wcls, 0);
+    if (o->end) o->end(e);
     return s->logits;
 }
 
@@ -309,6 +345,9 @@ typedef struct {
     void *d_map, *d_owned;      // the uploaded file and the loader's repacked buffers
     const Model *model;         // host side, for translating pointers
     float *host_logits;         // (MAX_BATCH, vocab)
+    int use_graph;              // capture the decode step (M = 1) once, then replay it
+    GpuGraph *graph;            // the captured decode step, once made
+    int capturing;
 } GpuExec;
 
 #define GPU(e) ((GpuExec *)(e)->priv)
@@ -331,32 +370,83 @@ static Mat device_mat(const GpuExec *g, const Mat *m) {
     return d;
 }
 
-static void gpu_op_embed(Exec *e, const int *tokens, int M) { gpu_embed(GPU(e)->ctx, e->s.x, tokens, M, &e->w->tok_embedding); }
+// Token ids and the position go to device memory; the decode step runs as a replayed graph.
+static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
+    GpuExec *g = GPU(e);
+    gpu_set_inputs(g->ctx, tokens, M, pos);
+    if (!g->use_graph || M != 1 || all_logits) return 0;
+    if (g->graph) {
+        gpu_graph_launch(g->ctx, g->graph);
+        return 1;
+    }
+    gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
+    g->capturing = 1;
+    return 0;
+}
+
+static void gpu_op_end(Exec *e) {
+    GpuExec *g = GPU(e);
+    if (!g->capturing) return;
+    g->capturing = 0;
+    g->graph = gpu_graph_end(g->ctx);
+    gpu_graph_launch(g->ctx, g->graph);   // now run what was recorded
+}
+
+static void gpu_op_embed(Exec *e, const int *tokens, int M) {
+    (void)tokens;   // already on the device (begin)
+    gpu_embed(GPU(e)->ctx, e->s.x, M, &e->w->tok_embedding);
+}
 static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w, int M) {
     gpu_rmsnorm(GPU(e)->ctx, out, in, w, M, e->cfg.dim);
 }
-// The only difference between the paths: how a linear layer is done.
-static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, const Mat *w) {
-    if (w->f) gpu_matmul_f32(GPU(e)->ctx, out, in, M, w->f, w->rows, w->cols, w->stride);
-    else gpu_matmul_q8_fused(GPU(e)->ctx, out, in, M, w);
+
+// The paths differ only here: how a linear layer is done.
+static void gpu_linear(Exec *e, float *out, const float *in, int M, const Mat *w, int acc, int fused) {
+    GpuCtx *c = GPU(e)->ctx;
+    if (w->f) gpu_matmul_f32(c, out, in, M, w->f, w->rows, w->cols, w->stride, acc);
+    else if (fused) gpu_matmul_q8_fused(c, out, in, M, w, acc);
+    else gpu_matmul_q8_unfused(c, out, in, M, w, acc);
 }
-static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, const Mat *w) {
-    if (w->f) gpu_matmul_f32(GPU(e)->ctx, out, in, M, w->f, w->rows, w->cols, w->stride);
-    else gpu_matmul_q8_unfused(GPU(e)->ctx, out, in, M, w);
+static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, const Mat *w, int acc) {
+    gpu_linear(e, out, in, M, w, acc, 1);
 }
-static void gpu_op_rope(Exec *e, float *q, float *k, int M, int pos) {
-    int head_size = e->cfg.dim / e->cfg.n_heads;
-    gpu_rope(GPU(e)->ctx, q, k, M, pos, e->cfg.dim, head_size * e->cfg.n_kv_heads, head_size);
+static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, const Mat *w, int acc) {
+    gpu_linear(e, out, in, M, w, acc, 0);
+}
+static void gpu_op_qkv_fused(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    gpu_matmul_q8_fused3(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, in, M, wq, wk, wv);
+}
+static void gpu_op_qkv_separate(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    int fused = e->ops->matmul == gpu_op_matmul_fused;
+    gpu_linear(e, e->s.q, in, M, wq, 0, fused);
+    gpu_linear(e, e->s.k, in, M, wk, 0, fused);
+    gpu_linear(e, e->s.v, in, M, wv, 0, fused);
+}
+static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
+    gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
+}
+static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
+    int fused = e->ops->matmul == gpu_op_matmul_fused;
+    gpu_linear(e, e->s.hb, in, M, w1, 0, fused);
+    gpu_linear(e, e->s.hb2, in, M, w3, 0, fused);
+    gpu_swiglu(GPU(e)->ctx, e->s.hb, e->s.hb2, M * w1->rows);
+}
+static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
+    const Config *p = &e->cfg;
+    int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
+    size_t loff = (size_t)layer * p->seq_len * kv_dim;
+    (void)pos;   // on the device (begin)
+    gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, e->s.key_cache + loff, e->s.value_cache + loff, M, p->dim, kv_dim,
+                   head_size);
 }
 static void gpu_op_attention(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
     int head_size = p->dim / p->n_heads;
     size_t loff = (size_t)layer * p->seq_len * head_size * p->n_kv_heads;
-    gpu_attention(GPU(e)->ctx, e->s.xb, e->s.q, e->s.key_cache + loff, e->s.value_cache + loff, M, pos, p->n_heads,
-                  p->n_kv_heads, head_size);
+    (void)pos;   // on the device (begin)
+    gpu_attention(GPU(e)->ctx, e->s.xb, e->s.q, e->s.key_cache + loff, e->s.value_cache + loff, M, p->n_heads,
+                  p->n_kv_heads, head_size, p->seq_len);
 }
-static void gpu_op_swiglu(Exec *e, float *h, const float *g, int n) { gpu_swiglu(GPU(e)->ctx, h, g, n); }
-static void gpu_op_add(Exec *e, float *x, const float *y, int n) { gpu_add(GPU(e)->ctx, x, y, n); }
 static const float *gpu_op_to_host(Exec *e, const float *logits, int rows) {
     gpu_download(GPU(e)->ctx, GPU(e)->host_logits, logits, (size_t)rows * e->cfg.vocab_size * sizeof(float));
     return GPU(e)->host_logits;
@@ -366,9 +456,10 @@ static int gpu_op_argmax(Exec *e, const float *logits) { return gpu_argmax(GPU(e
 static void gpu_op_release(Exec *e) {
     GpuExec *g = GPU(e);
     RunState *s = &e->s;
-    float *bufs[] = {s->x, s->xb, s->xb2, s->q, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache};
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache};
     gpu_sync(g->ctx);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
+    if (g->graph) gpu_graph_free(g->graph);
     gpu_free(g->d_map);
     if (g->d_owned) gpu_free(g->d_owned);
     free(g->w.wq);
@@ -377,13 +468,15 @@ static void gpu_op_release(Exec *e) {
     free(g);
 }
 
-static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_fused, gpu_op_rope,
-                                  gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
-static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_unfused,
-                                    gpu_op_rope, gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax,
-                                    gpu_op_release};
-static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_embed, gpu_op_rmsnorm, gpu_op_matmul_fused, gpu_op_rope,
-                                 gpu_op_attention, gpu_op_swiglu, gpu_op_add, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
+                                  gpu_op_matmul_fused, gpu_op_qkv_fused, gpu_op_ffn_up_fused, gpu_op_rope_store,
+                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
+                                    gpu_op_rmsnorm, gpu_op_matmul_unfused, gpu_op_qkv_separate, gpu_op_ffn_up_separate,
+                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
+                                 gpu_op_matmul_fused, gpu_op_qkv_separate, gpu_op_ffn_up_separate, gpu_op_rope_store,
+                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
 
 // Largest linear weight, in elements: the unfused path's scratch.
 static size_t largest_mat(const Model *m) {
@@ -410,7 +503,8 @@ static void mirror_weights(GpuExec *g, const Model *m) {
 
 // Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
 // activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
-static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
+// use_graph: replay the decode step as a CUDA graph (0 runs every kernel from the host).
+static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, char *why) {
     const Config *p = &m->cfg;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
     if (p->seq_len > gpu_attention_max_len() || p->dim / p->n_heads > gpu_attention_max_head_size()) {
@@ -418,9 +512,9 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
                  p->dim / p->n_heads, gpu_attention_max_len(), gpu_attention_max_head_size());
         return GPU_UNAVAILABLE;
     }
-    size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads, B = MAX_BATCH;
-    size_t weights = m->map_bytes + m->owned_bytes, kv = 2 * (size_t)p->n_layers * p->seq_len * kv_dim * sizeof(float);
-    size_t acts = B * (4 * (size_t)p->dim + 2 * (size_t)p->hidden_dim + p->vocab_size) * sizeof(float);
+    StateSizes z = state_sizes(p);
+    size_t weights = m->map_bytes + m->owned_bytes, kv = 2 * z.cache * sizeof(float);
+    size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits) * sizeof(float);
     size_t scratch = m->quantized && path == PATH_UNFUSED ? largest_mat(m) : 0, free_b, total_b;
     size_t need = weights + kv + acts + scratch * sizeof(float) + ((size_t)512 << 20);   // + cuBLAS and context
     gpu_mem_info(&free_b, &total_b);
@@ -434,6 +528,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
     }
     GpuExec *g = xcalloc(1, sizeof(GpuExec));
     g->model = m;
+    g->use_graph = use_graph;
     g->ctx = gpu_create(scratch);
     g->d_map = gpu_alloc(m->map_bytes);
     gpu_upload(g->d_map, m->map, m->map_bytes);
@@ -442,26 +537,19 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
         gpu_upload(g->d_owned, m->owned, m->owned_bytes);
     }
     mirror_weights(g, m);
-    g->host_logits = xcalloc(B * p->vocab_size, sizeof(float));
+    g->host_logits = xcalloc(z.logits, sizeof(float));
     memset(e, 0, sizeof *e);
     e->ops = !m->quantized ? &gpu_fp32_ops : path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
     e->cfg = *p;
     e->w = &g->w;
     e->priv = g;
-    e->s.x = gpu_alloc(B * p->dim * sizeof(float));
-    e->s.xb = gpu_alloc(B * p->dim * sizeof(float));
-    e->s.xb2 = gpu_alloc(B * p->dim * sizeof(float));
-    e->s.q = gpu_alloc(B * p->dim * sizeof(float));
-    e->s.hb = gpu_alloc(B * p->hidden_dim * sizeof(float));
-    e->s.hb2 = gpu_alloc(B * p->hidden_dim * sizeof(float));
-    e->s.logits = gpu_alloc(B * p->vocab_size * sizeof(float));
-    e->s.key_cache = gpu_alloc(kv / 2);
-    e->s.value_cache = gpu_alloc(kv / 2);
+    alloc_state(&e->s, p, gpu_alloc);
     return 0;
 }
 #else
-static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, char *why) {
-    (void)e, (void)m, (void)path;
+typedef struct GpuExec GpuExec;
+static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, char *why) {
+    (void)e, (void)m, (void)path, (void)use_graph;
     snprintf(why, ERR_LEN, "this build has no GPU support (nvcc was not found at build time)");
     return GPU_UNAVAILABLE;
 }
@@ -879,6 +967,7 @@ static void usage(void) {
             "  -z <string>      tokenizer (default: tokenizer.bin beside the binary)\n"
             "  --device cpu|gpu where to run (default gpu; falls back to cpu with a message)\n"
             "  --unfused        GPU: separate dequant kernel + cuBLAS instead of the fused kernels\n"
+            "  --no-graph       GPU: launch every kernel from the host instead of replaying a CUDA graph\n"
             "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n");
     exit(1);
 }
@@ -925,10 +1014,11 @@ int main(int argc, char **argv) {
     const char *checkpoint = argv[1], *prompt = "", *tokenizer_path = NULL, *ppl_file = NULL, *device = "gpu";
     float temperature = 1.0f, topp = 0.9f;
     long steps = 256, seed = 0;
-    int unfused = 0;
+    int unfused = 0, no_graph = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--unfused")) { unfused = 1; continue; }
+        if (!strcmp(a, "--no-graph")) { no_graph = 1; continue; }
         if (!v) usage();
         if (!strcmp(a, "-p") || !strcmp(a, "-i")) prompt = v;
         else if (!strcmp(a, "-n")) steps = parse_int(a, v, 0, INT_MAX);
@@ -957,7 +1047,7 @@ int main(int argc, char **argv) {
     Exec exec;
     const char *path_name = model.quantized ? "int8" : "fp32";
     if (!strcmp(device, "gpu")) {
-        int rc = gpu_exec_init(&exec, &model, unfused ? PATH_UNFUSED : PATH_FUSED, err);
+        int rc = gpu_exec_init(&exec, &model, unfused ? PATH_UNFUSED : PATH_FUSED, !no_graph, err);
         if (rc == GPU_TOO_SMALL) die(err);
         if (rc == 0) {
             path_name = exec.ops->name;

@@ -102,13 +102,13 @@ struct Case {
     int *sink;
 };
 
-static void run_fused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, 1, &k->q8[c]); }
+static void run_fused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, 1, &k->q8[c], 0); }
 static int variant_r, variant_u;
 static void run_variant(int c, void *p) {
     Case *k = (Case *)p;
     if (gpu_matmul_q8_variant(k->g, k->y, k->x, &k->q8[c], variant_r, variant_u)) exit(1);
 }
-static void run_unfused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, 1, &k->q8[c]); }
+static void run_unfused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, 1, &k->q8[c], 0); }
 static void run_read(int c, void *p) {
     Case *k = (Case *)p;
     // q and s of a copy are one allocation (s right after q): read both in one kernel
@@ -118,7 +118,7 @@ static void run_read(int c, void *p) {
 }
 static void run_fp32(int c, void *p) {
     Case *k = (Case *)p;
-    gpu_matmul_f32(k->g, k->y, k->x, 1, k->f32[c], k->N, k->K, k->K);
+    gpu_matmul_f32(k->g, k->y, k->x, 1, k->f32[c], k->N, k->K, k->K, 0);
 }
 static void run_fp16(int c, void *p) {
     Case *k = (Case *)p;

@@ -690,7 +690,7 @@ static void test_gpu_linear(void) {
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
-            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL;
+            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL;
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int N = Ns[ni];
                 Mat h = random_mat(N, K, 1, gs, 1.0f / sqrtf(K));
@@ -714,12 +714,20 @@ static void test_gpu_linear(void) {
                     float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
                     for (int path = 0; path < 2; path++) {
                         dev_poison(dy, (size_t)M * N);
-                        if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d);
-                        else gpu_matmul_q8_unfused(gctx, dy, dx, M, &d);
+                        if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 0);
+                        else gpu_matmul_q8_unfused(gctx, dy, dx, M, &d, 0);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                         const char **slot = path == 0 ? &fail_fused : &fail_unfused;
                         if (!*slot) *slot = check_linear(y, &h, x, M, what);
                     }
+                    // accumulate: y0 + x W^T, from a random y0
+                    float *y0 = talloc((size_t)M * N * sizeof(float));
+                    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = nrand();
+                    gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
+                    gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 1);
+                    gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
+                    for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
+                    if (!fail_acc) fail_acc = check_linear(y, &h, x, M, what);
                     gpu_free(dx), gpu_free(dy);
                 }
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
@@ -727,6 +735,8 @@ static void test_gpu_linear(void) {
             }
             snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..100, vs float64", K, gs);
             check(!fail_fused, name, "%s", fail_fused);
+            snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
+            check(!fail_acc, name, "%s", fail_acc);
             snprintf(name, sizeof name, "gpu unfused dequant+cuBLAS K=%d gs=%d, vs float64", K, gs);
             check(!fail_unfused, name, "%s", fail_unfused);
             snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
@@ -742,7 +752,7 @@ static void test_gpu_linear(void) {
         for (int i = 0; i < K; i++) x[i] = nrand();
         float *dx = dev_put(x, K * sizeof(float)), *dy = gpu_alloc(N * sizeof(float));
         dev_poison(dy, N);
-        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d);
+        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d, 0);
         gpu_download(gctx, y, dy, N * sizeof(float));
         char what[200], name[128];
         const char *f = check_linear(y, &h, x, 1, what);
@@ -786,11 +796,16 @@ static void compare_executors(const char *label, const char *file, int T, int fi
     cpu_exec_init(&cpu, &m);
     float *ref = exec_logits(&cpu, tokens, T, first);
     int *ref_greedy = greedy_n ? greedy_tokens(&cpu, greedy_n) : NULL;
+    float *graph_logits = NULL;
     cpu.ops->release(&cpu);
-    for (int path = 0; path < (m.quantized ? 2 : 1); path++) {
+    // fused and unfused (INT8), each with the decode step replayed as a CUDA graph and without
+    for (int run = 0; run < (m.quantized ? 4 : 2); run++) {
+        int path = run / 2, graph = run % 2 == 0;
         Exec g;
-        int rc = gpu_exec_init(&g, &m, path ? PATH_UNFUSED : PATH_FUSED, err);
-        snprintf(name, sizeof name, "%s: %s logits == cpu (relative L2 < 1e-4, %d positions)", label, rc ? "gpu" : g.ops->name, T);
+        int rc = gpu_exec_init(&g, &m, path ? PATH_UNFUSED : PATH_FUSED, graph, err);
+        const char *how = graph ? "graph" : "no graph";
+        snprintf(name, sizeof name, "%s: %s (%s) logits == cpu (relative L2 < 1e-4, %d positions)", label,
+                 rc ? "gpu" : g.ops->name, how, T);
         if (rc) {
             check(0, name, "gpu_exec_init: %s", err);
             continue;
@@ -801,8 +816,15 @@ static void compare_executors(const char *label, const char *file, int T, int fi
         if (greedy_n) {
             int *gg = greedy_tokens(&g, greedy_n), same = 0;
             while (same < greedy_n && gg[same + 1] == ref_greedy[same + 1]) same++;
-            snprintf(name, sizeof name, "%s: %s greedy text == cpu for %d tokens", label, g.ops->name, greedy_n);
+            snprintf(name, sizeof name, "%s: %s (%s) greedy text == cpu for %d tokens", label, g.ops->name, how, greedy_n);
             check(same == greedy_n, name, "first difference at token %d", same);
+        }
+        if (graph) graph_logits = got;
+        else {
+            double d = 0;
+            for (size_t i = 0; i < (size_t)T * m.cfg.vocab_size; i++) d = fmax(d, fabs(got[i] - graph_logits[i]));
+            snprintf(name, sizeof name, "%s: %s graph replay == plain launches (bitwise)", label, g.ops->name);
+            check(d == 0.0, name, "max difference %.3e", d);
         }
         g.ops->release(&g);
     }
