@@ -259,7 +259,8 @@ static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
     for (size_t i = 0; i < (size_t)T * V; i++) out[i] = NAN;   // poison
     for (int pos = 0; pos < T;) {
         int M = pos == 0 ? first : 1;
-        const float *l = e->ops->to_host(e, forward(e, tokens + pos, M, pos, 1), M);
+        // single tokens go through the decode step (all_logits 0), which the GPU replays as a graph
+        const float *l = e->ops->to_host(e, forward(e, tokens + pos, M, pos, M > 1), M);
         memcpy(out + (size_t)pos * V, l, (size_t)M * V * sizeof(float));
         pos += M;
     }
