@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -127,7 +128,30 @@ static void run_fp16(int c, void *p) {
                     k->K, &zero, k->y16, CUDA_R_16F, k->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// --profile N K: one fused and one unfused layer of that shape, once each, for Nsight Compute
+// (bench/ncu.sh): no rotation, no timing.
+static int profile_once(int N, int K, int gs) {
+    Case k;
+    k.N = N, k.K = K;
+    k.g = gpu_create((size_t)N * K);
+    int stride = (K + 15) / 16 * 16, groups = (K + gs - 1) / gs;
+    size_t q_bytes = (size_t)N * stride, s_bytes = (size_t)N * groups * 4;
+    int8_t *q = (int8_t *)dev_random(q_bytes + s_bytes, 7);
+    float *s = (float *)(q + q_bytes);
+    words_to_float<<<1024, 256>>>(s, s_bytes / 4);
+    Mat m = {N, K, stride, gs, groups, NULL, q, s};
+    k.x = dev_floats(K, 3);
+    CK(cudaMalloc(&k.y, N * 4));
+    CK(cudaDeviceSynchronize());
+    gpu_matmul_q8_fused(k.g, k.y, k.x, 1, &m, 0);
+    gpu_matmul_q8_unfused(k.g, k.y, k.x, 1, &m, 0);
+    gpu_sync(k.g);
+    printf("profiled %d x %d: int8 %zu bytes, scales %zu bytes\n", N, K, q_bytes, s_bytes);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--profile")) return profile_once(atoi(argv[2]), atoi(argv[3]), 128);
     int gs = argc > 1 ? atoi(argv[1]) : 128;
     const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096},
                              {2048, 2048}, {256, 2048},   {5632, 2048},  {2048, 5632}};
