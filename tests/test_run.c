@@ -649,6 +649,44 @@ static void test_greedy_agreement(const char *file, int n_tokens, int must_agree
 // GPU: each kernel against its CPU reference, then the executors end to end.
 // Reported as skipped where there is no usable GPU.
 
+// ----------------------------------------------------------------------------
+// Synthetic checkpoints: seeded N(0, 0.02^2) weights, norms 1, the same file for the same seed.
+
+static void test_synthetic(void) {
+    const char *a = tpath("syn_a.bin"), *b = tpath("syn_b.bin"), *c = tpath("syn_c.bin"), *f = tpath("syn_f.bin");
+    const char *shape = "96,200,2,6,3,-120,40";   // unshared classifier, grouped-query ratio 2
+    int rc = sh("./quantize --synthetic %s %s 2>/dev/null && ./quantize --synthetic %s %s 2>/dev/null && "
+                "./quantize --synthetic %s %s --seed 7 2>/dev/null && ./quantize --synthetic %s %s --fp32 2>/dev/null",
+                shape, a, shape, b, shape, c, shape, f);
+    check(rc == 0, "quantize --synthetic writes int8 and fp32 files", "exit %d", rc);
+    if (rc) return;
+    check(sh("cmp -s %s %s", a, b) == 0, "synthetic: the same seed gives the same file", "files differ");
+    check(sh("cmp -s %s %s", a, c) != 0, "synthetic: another seed gives another file", "files are identical");
+    char err[ERR_LEN];
+    Model m;
+    const char *files[2] = {a, f};
+    for (int i = 0; i < 2; i++) {
+        rc = load_model(files[i], &m, err);
+        char name[96];
+        snprintf(name, sizeof name, "synthetic %s: loads, weights have std 0.02, norms 1", i ? "fp32" : "int8");
+        if (rc) {
+            check(0, name, "%s", err);
+            continue;
+        }
+        double ss = 0;
+        size_t n = 0;
+        for (int l = 0; l < m.cfg.n_layers; l++)
+            for (int r = 0; r < m.w.w2[l].rows; r++)
+                for (int k = 0; k < m.w.w2[l].cols; k++, n++) ss += wval(&m.w.w2[l], r, k) * wval(&m.w.w2[l], r, k);
+        double std = sqrt(ss / n);
+        int norms_one = m.w.rms_att[0] == 1.0f && m.w.rms_ffn[m.cfg.dim - 1] == 1.0f && m.w.rms_final[1] == 1.0f;
+        check(std > 0.0195 && std < 0.0205 && norms_one && !m.shared_classifier && m.quantized == !i, name,
+              "std %.5f, norms one %d, shared %d", std, norms_one, m.shared_classifier);
+        free_model(&m);
+    }
+    sh("rm -f %s %s %s %s", a, b, c, f);
+}
+
 #define N_GPU_GROUPS 6   // test groups skipped as one each when there is no GPU
 #ifdef HAVE_GPU
 
@@ -903,6 +941,7 @@ int main(int argc, char **argv) {
     test_quantize_row();
     test_cpu_forward();
     test_loaders();
+    test_synthetic();
     test_bad_tokenizers();
     test_tokenizer_file(model_path("tok512.bin"), 512);
     test_tokenizer_file("tokenizer.bin", 32000);
