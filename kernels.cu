@@ -111,8 +111,10 @@ __device__ __forceinline__ void int8x4_to_float(uint32_t word, float out[4]) {
     out[3] = __uint_as_float(__byte_perm(biased, two_23, 0x7443)) - bias;
 }
 
-// sum_j w[j] * x[j] over one 16-weight chunk, x in registers.
-__device__ __forceinline__ float dot16(int4 w, const float x[16]) {
+// sum_j scale(w[j], j) * x[j] over one 16-weight chunk, x in registers; each word's four weights
+// are converted right before their FMAs.
+template <class Scale>
+__device__ __forceinline__ float dot16_with(int4 w, const float x[16], Scale scale) {
     const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
     float acc = 0.0f;
 #pragma unroll
@@ -120,24 +122,20 @@ __device__ __forceinline__ float dot16(int4 w, const float x[16]) {
         float f[4];
         int8x4_to_float(words[i], f);
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc = fmaf(f[j], x[4 * i + j], acc);
+        for (int j = 0; j < 4; j++) acc = fmaf(scale(f[j], 4 * i + j), x[4 * i + j], acc);
     }
     return acc;
 }
 
-// The same for group sizes that are not a power-of-two multiple of 16: a scale per weight.
+// One scale for the chunk, applied by the caller to the partial sum.
+__device__ __forceinline__ float dot16(int4 w, const float x[16]) {
+    return dot16_with(w, x, [](float f, int) { return f; });
+}
+
+// For group sizes that are not a power-of-two multiple of 16: a scale per weight.
 // k0: the chunk's first column; group indices past the row's last (padding) are clamped.
 __device__ __forceinline__ float dot16_scaled(int4 w, const float x[16], const float *srow, int k0, int gs, int groups) {
-    const uint32_t words[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float f[4];
-        int8x4_to_float(words[i], f);
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc = fmaf(f[j] * __ldg(srow + min((k0 + 4 * i + j) / gs, groups - 1)), x[4 * i + j], acc);
-    }
-    return acc;
+    return dot16_with(w, x, [&](float f, int j) { return f * __ldg(srow + min((k0 + j) / gs, groups - 1)); });
 }
 
 // x[k0 .. k0+16) of one input row into registers, through L1 (every warp of the SM reads the same

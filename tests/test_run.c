@@ -53,25 +53,20 @@ static void arena_free(void) {
     while (n_arena) free(arena[--n_arena]);
 }
 
-static char *tpath(const char *name) {
+// dir/name in one of 8 rotating buffers (a few paths are alive at once)
+static char *join(const char *dir, const char *name) {
     static char buf[8][512];
     static int i;
     char *p = buf[i++ % 8];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
+    snprintf(p, 512, "%s/%s", dir, name);
     return p;
 }
+static char *tpath(const char *name) { return join(tmpdir, name); }
+static char *model_path(const char *name) { return join(models_dir, name); }
 
 static int file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
-}
-
-static char *model_path(const char *name) {
-    static char buf[4][512];
-    static int i;
-    char *p = buf[i++ % 4];
-    snprintf(p, 512, "%s/%s", models_dir, name);
-    return p;
 }
 
 static int sh(const char *fmt, ...) {
