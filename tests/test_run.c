@@ -321,16 +321,25 @@ static void put_floats(unsigned char **p, const float *f, size_t n) {
 }
 
 // The v1 and v2 layouts of llama2.c's export.py, written from a loaded FP32 model: fixtures only.
+// Both start with the 256-byte header (v2 adds the group size) and the FP32 norms; returns the end.
+static unsigned char *llama2c_header(unsigned char *buf, const Model *m, int version, int gs) {
+    const Config *c = &m->cfg;
+    size_t D = c->dim, L = c->n_layers;
+    uint32_t magic = LLAMA2C_MAGIC;
+    int32_t hdr[8] = {version, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len};
+    unsigned char *p = buf + HEADER_BYTES;
+    memcpy(buf, &magic, 4), memcpy(buf + 4, hdr, 32);
+    buf[36] = (unsigned char)m->shared_classifier;
+    if (version == 2) memcpy(buf + 37, &gs, 4);
+    put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
+    return p;
+}
+
 static size_t write_v1(const char *path, const Model *m) {
     const Config *c = &m->cfg;
     size_t D = c->dim, L = c->n_layers, n = HEADER_BYTES + 4 * ((2 * L + 1) * D + 2 * (size_t)c->vocab_size * D);
     for (int w = 0; w < 7; w++) n += 4 * fp32_linear_floats(c, w);
-    unsigned char *buf = talloc(n), *p = buf + HEADER_BYTES;
-    uint32_t magic = LLAMA2C_MAGIC;
-    int32_t hdr[8] = {1, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len};
-    memcpy(buf, &magic, 4), memcpy(buf + 4, hdr, 32);
-    buf[36] = (unsigned char)m->shared_classifier;
-    put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
+    unsigned char *buf = talloc(n), *p = llama2c_header(buf, m, 1, 0);
     put_floats(&p, m->w.tok_embedding.f, (size_t)c->vocab_size * D);
     const Mat *src[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
     for (int w = 0; w < 7; w++)
@@ -351,13 +360,7 @@ static size_t write_v2(const char *path, const Model *m, int gs) {
     const Config *c = &m->cfg;
     size_t D = c->dim, L = c->n_layers, n = HEADER_BYTES + 4 * (2 * L + 1) * D + 10 * (size_t)c->vocab_size * D;
     for (int w = 0; w < 7; w++) n += 5 * fp32_linear_floats(c, w);
-    unsigned char *buf = talloc(n), *p = buf + HEADER_BYTES;
-    uint32_t magic = LLAMA2C_MAGIC;
-    int32_t hdr[8] = {2, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len};
-    memcpy(buf, &magic, 4), memcpy(buf + 4, hdr, 32);
-    buf[36] = (unsigned char)m->shared_classifier;
-    memcpy(buf + 37, &gs, 4);
-    put_floats(&p, m->w.rms_att, L * D), put_floats(&p, m->w.rms_ffn, L * D), put_floats(&p, m->w.rms_final, D);
+    unsigned char *buf = talloc(n), *p = llama2c_header(buf, m, 2, gs);
     put_q80(&p, m->w.tok_embedding.f, (size_t)c->vocab_size * D, gs);
     Mat *src[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
     for (int w = 0; w < 7; w++)
