@@ -547,7 +547,6 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, c
     return 0;
 }
 #else
-typedef struct GpuExec GpuExec;
 static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, char *why) {
     (void)e, (void)m, (void)path, (void)use_graph;
     snprintf(why, ERR_LEN, "this build has no GPU support (nvcc was not found at build time)");
@@ -922,6 +921,11 @@ static double nll(const float *logits, int n, int target) {
 // context; each window starts at position 0 with the last token of the one before, so every token
 // after the first is predicted exactly once. Returns exp(mean NLL).
 static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *ppl, int *n_predicted, char *err) {
+    int V = e->cfg.vocab_size, window = e->cfg.seq_len;
+    if (window < 2) {
+        snprintf(err, ERR_LEN, "a context of %d position cannot predict anything", window);
+        return -1;
+    }
     int *tokens = xcalloc(strlen(text) + 3, sizeof(int)), n = 0;
     if (encode(tok, text, 1, tokens, &n, err)) {
         free(tokens);
@@ -933,7 +937,6 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
         return -1;
     }
     double total = 0.0;
-    int V = e->cfg.vocab_size, window = e->cfg.seq_len;
     for (int start = 0; start + 1 < n; start += window - 1) {
         int len = n - start < window ? n - start : window;
         for (int done = 0; done < len; done += MAX_BATCH) {
@@ -942,12 +945,11 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
             for (int m = 0; m < M; m++)
                 if (done + m + 1 < len) total += nll(logits + (size_t)m * V, V, tokens[start + done + m + 1]);
         }
-        if (window == 1) break;   // a context of one position predicts nothing
     }
     *n_predicted = n - 1;
     *ppl = exp(total / (n - 1));
     free(tokens);
-    return window == 1 ? (snprintf(err, ERR_LEN, "a context of 1 cannot predict"), -1) : 0;
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
