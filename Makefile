@@ -35,7 +35,8 @@ quantize: quantize.c model.o model.h
 # Models come from ../shared/models when it exists, else from upstream (sha256-checked).
 MODEL_FILES := models/stories260K.bin models/tok512.bin tokenizer.bin
 models: $(MODEL_FILES)
-models/stories260K.bin models/tok512.bin models/code15M.bin models/aidreams260K.bin models/aidreams_tok512.bin models/stories260K_q80_gs8.v2.bin:
+models/stories260K.bin models/tok512.bin models/code15M.bin models/aidreams260K.bin models/aidreams_tok512.bin \
+models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt:
 	sh models/fetch.sh $(notdir $@) $@ $(SHARED_MODELS)
 tokenizer.bin:
 	sh models/fetch.sh tokenizer.bin $@ $(SHARED_MODELS)
@@ -54,8 +55,6 @@ tests/test_run: tests/test_run.c run.c model.c model.h $(GPU_OBJ) kernels.h
 # Test-only models: code15M and two reference files exist only in ../shared/models; where they
 # are missing their tests report skipped.
 OPTIONAL_MODELS := models/code15M.bin models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt
-models/stories260K.greedy.txt:
-	sh models/fetch.sh $(notdir $@) $@ $(SHARED_MODELS)
 test: all tests/test_run
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh

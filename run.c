@@ -153,10 +153,12 @@ static void cpu_matmul(Exec *e, float *out, const float *in, int M, const Mat *w
     }
 }
 
-static void cpu_qkv(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
-    cpu_matmul(e, e->s.q, in, M, wq, 0);
-    cpu_matmul(e, e->s.k, in, M, wk, 0);
-    cpu_matmul(e, e->s.v, in, M, wv, 0);
+// q, k, v as three linear layers through the executor's own matmul (every executor but the GPU's
+// fused one, which does them in one launch).
+static void qkv_by_matmul(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    e->ops->matmul(e, e->s.q, in, M, wq, 0);
+    e->ops->matmul(e, e->s.k, in, M, wk, 0);
+    e->ops->matmul(e, e->s.v, in, M, wv, 0);
 }
 
 static void cpu_ffn_up(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
@@ -255,7 +257,7 @@ static void cpu_release(Exec *e) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
-static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, cpu_qkv, cpu_ffn_up,
+static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, qkv_by_matmul, cpu_ffn_up,
                             cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_release};
 
 // Sizes of the RunState buffers, in floats, shared by both executors' allocations.
@@ -416,19 +418,12 @@ static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, c
 static void gpu_op_qkv_fused(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
     gpu_matmul_q8_fused3(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, in, M, wq, wk, wv);
 }
-static void gpu_op_qkv_separate(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
-    int fused = e->ops->matmul == gpu_op_matmul_fused;
-    gpu_linear(e, e->s.q, in, M, wq, 0, fused);
-    gpu_linear(e, e->s.k, in, M, wk, 0, fused);
-    gpu_linear(e, e->s.v, in, M, wv, 0, fused);
-}
 static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
     gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
 }
 static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
-    int fused = e->ops->matmul == gpu_op_matmul_fused;
-    gpu_linear(e, e->s.hb, in, M, w1, 0, fused);
-    gpu_linear(e, e->s.hb2, in, M, w3, 0, fused);
+    e->ops->matmul(e, e->s.hb, in, M, w1, 0);
+    e->ops->matmul(e, e->s.hb2, in, M, w3, 0);
     gpu_swiglu(GPU(e)->ctx, e->s.hb, e->s.hb2, M * w1->rows);
 }
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
@@ -472,10 +467,10 @@ static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gp
                                   gpu_op_matmul_fused, gpu_op_qkv_fused, gpu_op_ffn_up_fused, gpu_op_rope_store,
                                   gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
-                                    gpu_op_rmsnorm, gpu_op_matmul_unfused, gpu_op_qkv_separate, gpu_op_ffn_up_separate,
+                                    gpu_op_rmsnorm, gpu_op_matmul_unfused, qkv_by_matmul, gpu_op_ffn_up_separate,
                                     gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
-                                 gpu_op_matmul_fused, gpu_op_qkv_separate, gpu_op_ffn_up_separate, gpu_op_rope_store,
+                                 gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
 
 // Largest linear weight, in elements: the unfused path's scratch.
