@@ -67,3 +67,28 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 
 clean:
 	rm -f run quantize *.o tests/*.o tests/test_run bench/kernel_bench
+
+# Fuzzing (issue: hostile input): libFuzzer targets built with clang, ASan and UBSan.
+#   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
+#   make fuzz FUZZ_SECONDS=30  the short run .ci/run does
+# Corpora grow in tests/fuzz/corpus/<target> (not committed); seeds come from ../shared/models,
+# synthetic checkpoints of every format and tests/fuzz/regressions/<target>, where every crash
+# found is kept and which the normal test run replays (tests/run_tests.sh).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := model tokenizer encode run_args quantize_args
+FUZZ_FLAGS   := -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
+FUZZ_SRC     := tests/fuzz/fuzz.c run.c quantize.c model.c model.h
+fuzz_define   = -DFUZZ_$(shell echo $(1) | tr a-z A-Z)
+tests/fuzz/fuzz_%: $(FUZZ_SRC)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c model.c -lm -lpthread
+# gcc replay builds of the same targets, for the regression files
+tests/fuzz/replay_%: $(FUZZ_SRC)
+	$(CC) -g -O1 -std=gnu11 $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \
+	    -DFUZZ_REPLAY $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c model.c -lm -lpthread
+fuzz-seeds: quantize tests/test_run models
+	sh tests/fuzz/seeds.sh
+fuzz: fuzz-seeds $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
+	sh tests/fuzz/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+.PHONY: fuzz fuzz-seeds

@@ -5,13 +5,19 @@
 //                      up to three outputs per launch (q, k, v), or w1 and w3 with the SwiGLU, and
 //                      optionally y += (the residual add)
 //   dequant_kernel     INT8 -> FP32 copy of one weight (the --unfused baseline, then cuBLAS)
-//   embed_kernel, rmsnorm_kernel, rope_store_kernel, attention_kernel, swiglu_kernel,
-//   argmax_kernel      the rest of the forward pass
+//   embed_kernel, rmsnorm_kernel, rope_store_kernel (KV cache FP16 or FP32),
+//   attention_kernel + attention_combine_kernel (split over the sequence, flash-decoding style),
+//   swiglu_kernel, argmax_kernel      the rest of the forward pass
+//   to_half_kernel     weights to FP16 for the cuBLAS FP16 baseline (--fp16)
+// Every kernel is launched with programmatic dependent launch (PDL) allowed: it may start while the
+// kernel before it drains, and waits (griddepcontrol.wait) before it touches anything that kernel
+// writes or reads; the GEMV uses the time to pull its first weight bytes into L2.
 // The step's position and token ids live in device memory (gpu_set_inputs), so that a decode
 // step captured as a CUDA graph replays at any position.
 // then the launchers: each takes the context's stream, sizes its grid with ceil_div, and checks
 // the launch.
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,7 +41,6 @@ static void cublas_check(cublasStatus_t s, const char *what, const char *file, i
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
-#define LAUNCH_CHECK(name) cuda_check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
 
 struct GpuCtx {
     cudaStream_t stream;
@@ -46,6 +51,11 @@ struct GpuCtx {
     int *inputs;             // (1 + kMaxTokens): the step's position, then its token ids
     int *argmax;             // (1) device result of gpu_argmax
     int *argmax_host;        // pinned
+    int *inputs_host;        // pinned staging for inputs; reused once inputs_copied has passed
+    cudaEvent_t inputs_copied;
+    __half *x_half;          // (half_floats) activations converted for the FP16 cuBLAS path
+    size_t half_floats;
+    int pdl;                 // launch with programmatic dependent launch allowed
 };
 
 struct GpuGraph {
@@ -66,6 +76,9 @@ constexpr int kChunksInFlight = 2;
 constexpr int kMaxTokens = 4096;
 constexpr size_t kBlasWorkspace = 32u << 20;
 constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
+// Bytes of each weight row the GEMV asks L2 for before the previous kernel has finished (PDL):
+// 1 KB x 4096 rows = 4 MB for a 4096 x 4096 layer, well inside the 50 MB L2.
+constexpr int kPrefetchBytes = 1024;
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -88,6 +101,16 @@ __device__ float block_reduce(float v, float *red) {
     v = lane < n_warps ? red[lane] : (kMax ? -INFINITY : 0.0f);
     return kMax ? warp_max(v) : warp_sum(v);
 }
+
+// Programmatic dependent launch: wait until the previous kernel in the stream has completed and
+// its writes are visible (a no-op when launched without PDL); then let the next kernel launch.
+__device__ __forceinline__ void pdl_wait_then_release() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Pull one 128-byte line into L2 without waiting for it.
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // 16 weight bytes that are read exactly once: no L1 allocation, so they don't evict x.
 __device__ __forceinline__ int4 load_stream(const int8_t *p) {
@@ -199,6 +222,11 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
         qrow[i] = src.q + (size_t)row * stride;
         srow[i] = src.s + (size_t)row * groups;
     }
+    // Weights do not depend on the previous kernel: start them towards L2 while it drains.
+#pragma unroll
+    for (int i = 0; i < RR; i++)
+        for (int b = 128 * lane; b < min(stride, kPrefetchBytes); b += 32 * 128) prefetch_l2(qrow[i] + b);
+    pdl_wait_then_release();
     float acc[MT][RR];
 #pragma unroll
     for (int t = 0; t < MT; t++)
@@ -253,6 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
 // bytes and writes 512, so both directions stay coalesced.
 __global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride, int groups, int gs,
                                const int8_t *__restrict__ q, const float *__restrict__ s) {
+    pdl_wait_then_release();
     const int words = stride / 4;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * words) return;
@@ -274,6 +303,7 @@ __global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride
 // tokens: the step's inputs (position first, then the ids).
 __global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ inputs, int dim, int stride, int groups,
                              int gs, const int8_t *__restrict__ q, const float *__restrict__ s, const float *__restrict__ f) {
+    pdl_wait_then_release();
     const size_t row = (size_t)inputs[1 + blockIdx.x];
     for (int j = threadIdx.x; j < dim; j += blockDim.x)
         x[(size_t)blockIdx.x * dim + j] = f ? f[row * stride + j] : q[row * stride + j] * s[row * groups + j / gs];
@@ -282,12 +312,58 @@ __global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ inpu
 // out = w * in / rms(in), one block per row of n.
 __global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w, int n) {
     __shared__ float red[32];
+    pdl_wait_then_release();
     const float *x = in + (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
     ss = block_reduce<false>(ss, red);
     const float scale = 1.0f / sqrtf(ss / n + 1e-5f);
     for (int j = threadIdx.x; j < n; j += blockDim.x) out[(size_t)blockIdx.x * n + j] = w[j] * (scale * x[j]);
+}
+
+// KV cache elements: FP16 (default) or FP32; loads return floats.
+__device__ __forceinline__ void kv_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void kv_store(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ float2 kv_load2(const float *p) { return __ldg(reinterpret_cast<const float2 *>(p)); }
+__device__ __forceinline__ float2 kv_load2(const __half *p) {
+    return __half22float2(__ldg(reinterpret_cast<const __half2 *>(p)));
+}
+// q . k over head_size (even) elements; k is 16-byte aligned when head_size % 8 == 0 (FP16) or
+// % 4 == 0 (FP32), and takes 16-byte loads then.
+__device__ __forceinline__ float qk_dot(const float *qs, const float *k, int hs) {
+    float sc = 0.0f;
+    if (hs % 4 == 0) {
+        for (int i = 0; i < hs; i += 4) {
+            const float4 v = __ldg(reinterpret_cast<const float4 *>(k + i));
+            sc += qs[i] * v.x + qs[i + 1] * v.y + qs[i + 2] * v.z + qs[i + 3] * v.w;
+        }
+        return sc;
+    }
+    for (int i = 0; i < hs; i += 2) {
+        const float2 v = kv_load2(k + i);
+        sc += qs[i] * v.x + qs[i + 1] * v.y;
+    }
+    return sc;
+}
+__device__ __forceinline__ float qk_dot(const float *qs, const __half *k, int hs) {
+    float sc = 0.0f;
+    if (hs % 8 == 0) {
+        for (int i = 0; i < hs; i += 8) {
+            const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(k + i));
+            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 v = __half22float2(h[j]);
+                sc += qs[i + 2 * j] * v.x + qs[i + 2 * j + 1] * v.y;
+            }
+        }
+        return sc;
+    }
+    for (int i = 0; i < hs; i += 2) {
+        const float2 v = kv_load2(k + i);
+        sc += qs[i] * v.x + qs[i + 1] * v.y;
+    }
+    return sc;
 }
 
 // RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m, one thread per pair; then
@@ -298,8 +374,10 @@ __device__ __forceinline__ void rotate_pair(float *v, int i, float cs, float sn)
     v[i + 1] = v0 * sn + v1 * cs;
 }
 
-__global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, float *kc, float *vc,
+template <typename KV>
+__global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, KV *kc, KV *vc,
                                   const int *__restrict__ inputs, int dim, int kv_dim, int head_size) {
+    pdl_wait_then_release();
     const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + m;
     if (i >= dim) return;
     const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
@@ -310,74 +388,107 @@ __global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ 
     float *km = k + (size_t)m * kv_dim;
     rotate_pair(km, i, cs, sn);
     const size_t at = (size_t)pos * kv_dim + i;
-    kc[at] = km[i], kc[at + 1] = km[i + 1];
-    vc[at] = v[(size_t)m * kv_dim + i], vc[at + 1] = v[(size_t)m * kv_dim + i + 1];
+    kv_store(kc + at, km[i]), kv_store(kc + at + 1, km[i + 1]);
+    kv_store(vc + at, v[(size_t)m * kv_dim + i]), kv_store(vc + at + 1, v[(size_t)m * kv_dim + i + 1]);
 }
 
-// One block per (head, token): scores against cache rows 0..pos+m, softmax, weighted sum of values.
-// Scores: a thread per position, 16-byte loads along its key row. Values: each warp sums over its
-// share of the positions with a lane per dimension (coalesced), then the warps' partial sums are
-// added. Shared memory: q of the head (head_size), the scores (pos + M), the partials (8 x head_size).
-constexpr int kAttnThreads = 256, kMaxHeadSize = 256;
+// Attention of token m (at pos + m) over cache rows 0..pos+m, split along the sequence
+// (flash-decoding): block (h, s, m) takes rows [s * chunk, s * chunk + chunk) of head h, so that a
+// long context spreads over n_heads * splits blocks instead of n_heads. Each block: scores (a
+// thread per row, 16-byte loads along its key), their max, exp and sum, then the exp-weighted sum
+// of value rows (a warp per row, a lane per pair of dimensions, coalesced). With one split it
+// writes out directly; else it leaves (max, sum, unnormalised head vector) in part for
+// attention_combine_kernel. Splits past the last row record an empty partial.
+//   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); shared: q (hs), scores (chunk),
+//   warp partials (8 * hs).
+constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 512, kMaxSplits = 64;
+template <typename KV>
 __global__ void __launch_bounds__(kAttnThreads)
-attention_kernel(float *__restrict__ out, const float *__restrict__ q, const float *__restrict__ kc,
-                 const float *__restrict__ vc, const int *__restrict__ inputs, int n_heads, int n_kv_heads, int head_size) {
+attention_kernel(float *__restrict__ out, float *__restrict__ part, const float *__restrict__ q, const KV *__restrict__ kc,
+                 const KV *__restrict__ vc, const int *__restrict__ inputs, int n_heads, int n_kv_heads, int head_size,
+                 int chunk) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
     constexpr int n_warps = kAttnThreads / 32;
-    float *qs = reinterpret_cast<float *>(smem4), *part = qs + head_size, *att = part + n_warps * head_size;
-    const int h = blockIdx.x, m = blockIdx.y, last = inputs[0] + m, dim = n_heads * head_size;
+    float *qs = reinterpret_cast<float *>(smem4), *warp_acc = qs + head_size, *att = warp_acc + n_warps * head_size;
+    const int h = blockIdx.x, split = blockIdx.y, splits = gridDim.y, m = blockIdx.z;
+    pdl_wait_then_release();
+    const int last = inputs[0] + m, t0 = split * chunk, t1 = min(last + 1, t0 + chunk), dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float *my_part = part + (((size_t)m * n_heads + h) * splits + split) * (2 + head_size);
+    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
+        for (int i = threadIdx.x; i < 2 + head_size; i += blockDim.x) my_part[i] = i == 0 ? -INFINITY : 0.0f;
+        return;
+    }
     for (int i = threadIdx.x; i < head_size; i += blockDim.x) qs[i] = q[(size_t)m * dim + h * head_size + i];
     __syncthreads();
     const float inv_sqrt = 1.0f / sqrtf((float)head_size);
     float mx = -INFINITY;
-    for (int t = threadIdx.x; t <= last; t += blockDim.x) {
-        const float *k = kc + (size_t)t * kv_dim + kv_off;
-        float sc = 0.0f;
-        if (head_size % 4 == 0) {
-            for (int i = 0; i < head_size; i += 4) {
-                const float4 kv = __ldg(reinterpret_cast<const float4 *>(k + i));
-                sc += qs[i] * kv.x + qs[i + 1] * kv.y + qs[i + 2] * kv.z + qs[i + 3] * kv.w;
-            }
-        } else {
-            for (int i = 0; i < head_size; i++) sc += qs[i] * k[i];
-        }
-        att[t] = sc * inv_sqrt;
-        mx = fmaxf(mx, att[t]);
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, head_size) * inv_sqrt;
+        att[t - t0] = sc;
+        mx = fmaxf(mx, sc);
     }
     mx = block_reduce<true>(mx, red);
     float sum = 0.0f;
-    for (int t = threadIdx.x; t <= last; t += blockDim.x) {
-        const float e = expf(att[t] - mx);
-        att[t] = e;
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float e = expf(att[t - t0] - mx);
+        att[t - t0] = e;
         sum += e;
     }
     sum = block_reduce<false>(sum, red);   // its barriers also publish att
-    constexpr int kPerLane = kMaxHeadSize / 32;
-    float acc[kPerLane];
+    constexpr int kPairsPerLane = kMaxHeadSize / 64;
+    float2 acc[kPairsPerLane];
 #pragma unroll
-    for (int j = 0; j < kPerLane; j++) acc[j] = 0.0f;
-    for (int t = warp; t <= last; t += n_warps) {
-        const float a = att[t], *v = vc + (size_t)t * kv_dim + kv_off;
+    for (int j = 0; j < kPairsPerLane; j++) acc[j] = make_float2(0.0f, 0.0f);
+    for (int t = t0 + warp; t < t1; t += n_warps) {
+        const float a = att[t - t0];
+        const KV *v = vc + (size_t)t * kv_dim + kv_off;
 #pragma unroll
-        for (int j = 0; j < kPerLane; j++)
-            if (lane + 32 * j < head_size) acc[j] = fmaf(a, __ldg(v + lane + 32 * j), acc[j]);
+        for (int j = 0; j < kPairsPerLane; j++) {
+            const int d = 2 * (lane + 32 * j);
+            if (d < head_size) {
+                const float2 vv = kv_load2(v + d);
+                acc[j].x = fmaf(a, vv.x, acc[j].x), acc[j].y = fmaf(a, vv.y, acc[j].y);
+            }
+        }
     }
 #pragma unroll
-    for (int j = 0; j < kPerLane; j++)
-        if (lane + 32 * j < head_size) part[warp * head_size + lane + 32 * j] = acc[j];
+    for (int j = 0; j < kPairsPerLane; j++) {
+        const int d = 2 * (lane + 32 * j);
+        if (d < head_size) warp_acc[warp * head_size + d] = acc[j].x, warp_acc[warp * head_size + d + 1] = acc[j].y;
+    }
     __syncthreads();
-    const float inv_sum = 1.0f / sum;
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
         float total = 0.0f;
-        for (int w = 0; w < n_warps; w++) total += part[w * head_size + d];
-        out[(size_t)m * dim + h * head_size + d] = total * inv_sum;
+        for (int w = 0; w < n_warps; w++) total += warp_acc[w * head_size + d];
+        if (splits == 1) out[(size_t)m * dim + h * head_size + d] = total / sum;
+        else my_part[2 + d] = total;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
+}
+
+// out[m, h] = sum_s e^(max_s - M) acc_s / sum_s e^(max_s - M) sum_s, M = max_s max_s: the splits'
+// partial softmaxes rescaled to one. Block (h, m), a thread per dimension.
+__global__ void attention_combine_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
+                                         int head_size, int splits) {
+    pdl_wait_then_release();
+    const int h = blockIdx.x, m = blockIdx.y;
+    const float *p = part + ((size_t)m * n_heads + h) * splits * (2 + head_size);
+    float gmax = -INFINITY;
+    for (int s = 0; s < splits; s++) gmax = fmaxf(gmax, p[s * (2 + head_size)]);
+    float total = 0.0f;
+    for (int s = 0; s < splits; s++) total += p[s * (2 + head_size) + 1] * expf(p[s * (2 + head_size)] - gmax);
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; s++) acc += p[s * (2 + head_size) + 2 + d] * expf(p[s * (2 + head_size)] - gmax);
+        out[(size_t)m * n_heads * head_size + h * head_size + d] = acc / total;
     }
 }
 
 __global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
+    pdl_wait_then_release();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         const float v = h[i];
@@ -389,6 +500,7 @@ __global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
 __global__ void argmax_kernel(int *result, const float *__restrict__ v, int n) {
     __shared__ float best_val[1024];
     __shared__ int best_idx[1024];
+    pdl_wait_then_release();
     float bv = -INFINITY;
     int bi = n;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -408,9 +520,38 @@ __global__ void argmax_kernel(int *result, const float *__restrict__ v, int n) {
     if (threadIdx.x == 0) *result = best_idx[0] < n ? best_idx[0] : 0;
 }
 
+// dst (N, K) FP16 dense = W (INT8 dequantized, or FP32 rounded): the FP16 baseline's weights.
+__global__ void to_half_kernel(__half *__restrict__ dst, int N, int K, int stride, int groups, int gs,
+                               const int8_t *__restrict__ q, const float *__restrict__ s, const float *__restrict__ f) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * K) return;
+    const size_t row = i / K, col = i % K;
+    dst[i] = __float2half_rn(f ? f[row * stride + col] : q[row * stride + col] * s[row * groups + col / gs]);
+}
+
+__global__ void float_to_half_kernel(__half *__restrict__ dst, const float *__restrict__ src, int n) {
+    pdl_wait_then_release();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2half_rn(src[i]);
+}
+
 int ceil_div_i(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 }  // namespace
+
+// Launches a kernel on the context's stream, with programmatic dependent launch allowed unless
+// switched off (gpu_set_pdl), and checks the launch.
+template <typename... Params, typename... Args>
+static void launch(GpuCtx *g, const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = g->pdl;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = g->stream;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    cuda_check(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), name, __FILE__, __LINE__);
+}
 
 // ----------------------------------------------------------------------------
 // Context and memory
@@ -448,7 +589,7 @@ extern "C" const char *gpu_name(void) {
 
 extern "C" void gpu_mem_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
-extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
+extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     GpuCtx *g = (GpuCtx *)calloc(1, sizeof(GpuCtx));
     if (!g) {
         fprintf(stderr, "run: out of memory\n");
@@ -465,7 +606,13 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats) {
     CUDA_CHECK(cudaMalloc(&g->inputs, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&g->argmax_host, sizeof(int)));
-    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    CUDA_CHECK(cudaMallocHost(&g->inputs_host, (1 + kMaxTokens) * sizeof(int)));
+    CUDA_CHECK(cudaEventCreateWithFlags(&g->inputs_copied, cudaEventDisableTiming));
+    g->half_floats = half_floats;
+    if (half_floats) CUDA_CHECK(cudaMalloc(&g->x_half, half_floats * sizeof(__half)));
+    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    g->pdl = 1;
     return g;
 }
 
@@ -477,6 +624,9 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     CUDA_CHECK(cudaFree(g->blas_workspace));
     CUDA_CHECK(cudaFree(g->argmax));
     CUDA_CHECK(cudaFreeHost(g->argmax_host));
+    CUDA_CHECK(cudaFreeHost(g->inputs_host));
+    CUDA_CHECK(cudaEventDestroy(g->inputs_copied));
+    CUDA_CHECK(cudaFree(g->x_half));
     CUBLAS_CHECK(cublasDestroy(g->blas));
     CUDA_CHECK(cudaStreamDestroy(g->stream));
     free(g);
@@ -502,17 +652,20 @@ extern "C" void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes
 
 extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
 
-// From pageable memory: the call returns once the host values are staged, so the caller may
-// reuse its array at once.
+extern "C" void gpu_set_pdl(GpuCtx *g, int on) { g->pdl = on; }
+
+// Through pinned staging (an asynchronous copy, no driver-side bounce buffer): the staging is
+// rewritten only after the previous copy from it has run.
 extern "C" void gpu_set_inputs(GpuCtx *g, const int *tokens, int M, int pos) {
-    int staged[1 + kMaxTokens];
     if (M < 1 || M > kMaxTokens) {
         fprintf(stderr, "run: gpu_set_inputs: %d tokens in one step, 1 to %d allowed\n", M, kMaxTokens);
         exit(1);
     }
-    staged[0] = pos;
-    memcpy(staged + 1, tokens, M * sizeof(int));
-    CUDA_CHECK(cudaMemcpyAsync(g->inputs, staged, (1 + M) * sizeof(int), cudaMemcpyHostToDevice, g->stream));
+    CUDA_CHECK(cudaEventSynchronize(g->inputs_copied));
+    g->inputs_host[0] = pos;
+    memcpy(g->inputs_host + 1, tokens, M * sizeof(int));
+    CUDA_CHECK(cudaMemcpyAsync(g->inputs, g->inputs_host, (1 + M) * sizeof(int), cudaMemcpyHostToDevice, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->inputs_copied, g->stream));
 }
 
 extern "C" void gpu_graph_begin(GpuCtx *g) {
@@ -556,8 +709,7 @@ static int assign_blocks(Q8Args *a, int rows_per_block, int pair) {
 template <int MT, bool kShift, bool kPair, int R = kRowsPerWarp, int U = kChunksInFlight>
 static void launch_q8(GpuCtx *g, Q8Args a) {
     dim3 grid(assign_blocks(&a, kWarps * R, kPair), ceil_div_i(a.M, MT));
-    q8_matmul_kernel<R, U, MT, kShift, kPair><<<grid, kWarps * 32, 0, g->stream>>>(a);
-    LAUNCH_CHECK("q8_matmul_kernel");
+    launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair>, grid, dim3(kWarps * 32), 0, a);
 }
 
 // Tokens per block: the power of two covering M, at most 8 (their accumulators are registers);
@@ -643,8 +795,8 @@ extern "C" int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const 
 
 extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) {
     const size_t words = (size_t)w->rows * (w->stride / 4);
-    dequant_kernel<<<ceil_div_i(words, 256), 256, 0, g->stream>>>(dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s);
-    LAUNCH_CHECK("dequant_kernel");
+    launch(g, "dequant_kernel", dequant_kernel, dim3(ceil_div_i(words, 256)), dim3(256), 0, dst, w->rows, w->cols, w->stride,
+           w->groups, w->gs, w->q, w->s);
 }
 
 // Row-major y (M, N) = x (M, K) W^T is, column-major, y^T (N, M) = W_cm^T (N, K) x^T (K, M),
@@ -654,6 +806,25 @@ extern "C" void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (M == 1) CUBLAS_CHECK(cublasSgemv(g->blas, CUBLAS_OP_T, K, N, &one, W, ldw, x, 1, &beta, y, 1));
     else CUBLAS_CHECK(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, ldw, x, K, &beta, y, N));
+}
+
+// FP16 weights (N, K) dense, resident: the baseline a user without quantization runs. x is
+// converted to FP16 first (cuBLAS takes one input type); FP32 accumulation and output.
+extern "C" void gpu_matmul_f16(GpuCtx *g, float *y, const float *x, int M, const void *W, int N, int K, int accumulate) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    if ((size_t)M * K > g->half_floats) {
+        fprintf(stderr, "run: FP16 input scratch holds %zu values, %d x %d needed\n", g->half_floats, M, K);
+        exit(1);
+    }
+    launch(g, "float_to_half_kernel", float_to_half_kernel, dim3(ceil_div_i((long long)M * K, 256)), dim3(256), 0, g->x_half,
+           x, M * K);
+    CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, W, CUDA_R_16F, K, g->x_half, CUDA_R_16F, K,
+                              &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+extern "C" void gpu_to_half(GpuCtx *g, void *dst, const Mat *w) {
+    launch(g, "to_half_kernel", to_half_kernel, dim3(ceil_div_i((long long)w->rows * w->cols, 256)), dim3(256), 0,
+           (__half *)dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s, w->f);
 }
 
 extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
@@ -669,44 +840,74 @@ extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M
 // The rest of the forward pass
 
 extern "C" void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb) {
-    embed_kernel<<<M, 256, 0, g->stream>>>(x, g->inputs, emb->cols, emb->stride, emb->groups, emb->gs, emb->q, emb->s, emb->f);
-    LAUNCH_CHECK("embed_kernel");
+    launch(g, "embed_kernel", embed_kernel, dim3(M), dim3(256), 0, x, (const int *)g->inputs, emb->cols, emb->stride,
+           emb->groups, emb->gs, emb->q, emb->s, emb->f);
 }
 
 extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n) {
-    rmsnorm_kernel<<<M, 256, 0, g->stream>>>(out, in, w, n);
-    LAUNCH_CHECK("rmsnorm_kernel");
+    launch(g, "rmsnorm_kernel", rmsnorm_kernel, dim3(M), dim3(256), 0, out, in, w, n);
 }
 
-extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, float *key_cache, float *value_cache, int M,
-                               int dim, int kv_dim, int head_size) {
+extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M,
+                               int dim, int kv_dim, int head_size, int kv_half) {
     dim3 grid(ceil_div_i(dim / 2, 128), M);
-    rope_store_kernel<<<grid, 128, 0, g->stream>>>(q, k, v, key_cache, value_cache, g->inputs, dim, kv_dim, head_size);
-    LAUNCH_CHECK("rope_store_kernel");
+    if (kv_half)
+        launch(g, "rope_store_kernel", rope_store_kernel<__half>, grid, dim3(128), 0, q, k, v, (__half *)key_cache,
+               (__half *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size);
+    else
+        launch(g, "rope_store_kernel", rope_store_kernel<float>, grid, dim3(128), 0, q, k, v, (float *)key_cache,
+               (float *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size);
 }
 
-extern "C" int gpu_attention_max_len(void) { return kMaxSmem / (int)sizeof(float) - 9 * kMaxHeadSize; }
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
 
-// Shared memory for the whole context: the position is on the device, and a captured step is
-// replayed at every position.
-extern "C" void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache,
-                              int M, int n_heads, int n_kv_heads, int head_size, int seq_len) {
-    const size_t smem = (size_t)(9 * head_size + seq_len) * sizeof(float);
-    dim3 grid(n_heads, M);
-    attention_kernel<<<grid, kAttnThreads, smem, g->stream>>>(out, q, key_cache, value_cache, g->inputs, n_heads, n_kv_heads,
-                                                              head_size);
-    LAUNCH_CHECK("attention_kernel");
+// Rows per split: 512, or more where 512 would need over kMaxSplits splits. Fixed by seq_len, not
+// by the position, so that a captured step replays at every position (splits past it are empty).
+static int attention_chunk(int seq_len) {
+    return seq_len <= kAttnChunk * kMaxSplits ? kAttnChunk : ceil_div_i(seq_len, kMaxSplits);
+}
+
+extern "C" size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len) {
+    return (size_t)M * n_heads * ceil_div_i(seq_len, attention_chunk(seq_len)) * (2 + head_size);
+}
+
+extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q, const void *key_cache,
+                              const void *value_cache, int M, int n_heads, int n_kv_heads, int head_size, int seq_len,
+                              int kv_half) {
+    const int chunk = attention_chunk(seq_len), splits = ceil_div_i(seq_len, chunk);
+    const size_t smem = (size_t)(9 * head_size + chunk) * sizeof(float);
+    if (head_size > kMaxHeadSize || smem > kMaxSmem) {
+        fprintf(stderr, "run: attention: head size %d (at most %d) or context %d too large\n", head_size, kMaxHeadSize, seq_len);
+        exit(1);
+    }
+    dim3 grid(n_heads, splits, M);
+    if (kv_half)
+        launch(g, "attention_kernel", attention_kernel<__half>, grid, dim3(kAttnThreads), smem, out, part, q,
+               (const __half *)key_cache, (const __half *)value_cache, (const int *)g->inputs, n_heads, n_kv_heads, head_size,
+               chunk);
+    else
+        launch(g, "attention_kernel", attention_kernel<float>, grid, dim3(kAttnThreads), smem, out, part, q,
+               (const float *)key_cache, (const float *)value_cache, (const int *)g->inputs, n_heads, n_kv_heads, head_size,
+               chunk);
+    if (splits > 1)
+        launch(g, "attention_combine_kernel", attention_combine_kernel, dim3(n_heads, M), dim3(head_size), 0, out,
+               (const float *)part, n_heads, head_size, splits);
 }
 
 extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
-    swiglu_kernel<<<ceil_div_i(n, 256), 256, 0, g->stream>>>(h, gate, n);
-    LAUNCH_CHECK("swiglu_kernel");
+    launch(g, "swiglu_kernel", swiglu_kernel, dim3(ceil_div_i(n, 256)), dim3(256), 0, h, gate, n);
+}
+
+extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n) {
+    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(1024), 0, g->argmax, v, n);
+}
+
+extern "C" int gpu_argmax_result(GpuCtx *g) {
+    gpu_download(g, g->argmax_host, g->argmax, sizeof(int));
+    return *g->argmax_host;
 }
 
 extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
-    argmax_kernel<<<1, 1024, 0, g->stream>>>(g->argmax, v, n);
-    LAUNCH_CHECK("argmax_kernel");
-    gpu_download(g, g->argmax_host, g->argmax, sizeof(int));
-    return *g->argmax_host;
+    gpu_argmax_launch(g, v, n);
+    return gpu_argmax_result(g);
 }

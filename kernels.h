@@ -20,8 +20,11 @@ typedef struct GpuGraph GpuGraph;   // a captured forward step
 int gpu_probe(char *why);
 // Free and total device memory in bytes.
 void gpu_mem_info(size_t *free_bytes, size_t *total_bytes);
-// scratch_floats: the unfused path's dequantized-weight buffer (0 if unused).
-GpuCtx *gpu_create(size_t scratch_floats);
+// scratch_floats: the unfused path's dequantized-weight buffer (0 if unused); half_floats: the
+// FP16 path's converted input (0 if unused).
+GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats);
+// Programmatic dependent launch for the kernels launched from now on (on by default).
+void gpu_set_pdl(GpuCtx *g, int on);
 void gpu_destroy(GpuCtx *g);
 const char *gpu_name(void);
 void *gpu_stream(GpuCtx *g);   // its cudaStream_t, for timing with events
@@ -52,6 +55,9 @@ void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat 
 void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);   // INT8 -> FP32 (N, K) dense
 void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw, int accumulate);
 void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);   // dequant + cuBLAS
+// The FP16 baseline: W (N, K) dense FP16 resident in device memory, cuBLAS GEMM, FP32 output.
+void gpu_matmul_f16(GpuCtx *g, float *y, const float *x, int M, const void *W, int N, int K, int accumulate);
+void gpu_to_half(GpuCtx *g, void *dst, const Mat *w);   // dst (rows, cols) FP16 = W
 // Tuning only (bench/kernel_bench): the M = 1 fused kernel with rows per warp in {1, 2, 4} and
 // 16-byte chunks in flight per row in {2, 4, 8}; -1 if that combination is not built.
 int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks);
@@ -60,17 +66,21 @@ int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int
 void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb);   // x (M, dim) = embedding rows
 void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n);
 // RoPE on q (M, dim) and k (M, kv_dim), then k and v (M, kv_dim) stored at rows pos..pos+M-1 of
-// the layer's caches (seq_len, kv_dim).
-void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, float *key_cache, float *value_cache, int M, int dim,
-                    int kv_dim, int head_size);
+// the layer's caches (seq_len, kv_dim), FP16 elements when kv_half, else FP32.
+void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M, int dim,
+                    int kv_dim, int head_size, int kv_half);
 // out (M, n_heads * hs) = causal attention of q (M, n_heads * hs) at positions pos..pos+M-1 over
-// the layer's caches (seq_len, n_kv_heads * hs).
-void gpu_attention(GpuCtx *g, float *out, const float *q, const float *key_cache, const float *value_cache, int M,
-                   int n_heads, int n_kv_heads, int head_size, int seq_len);
-int gpu_attention_max_len(void);         // longest context the attention kernel handles
-int gpu_attention_max_head_size(void);   // and the largest head
+// the layer's caches (seq_len, n_kv_heads * hs), split along the sequence; part: scratch of
+// gpu_attention_part_floats(M, ...) floats for the splits' partial results.
+void gpu_attention(GpuCtx *g, float *out, float *part, const float *q, const void *key_cache, const void *value_cache,
+                   int M, int n_heads, int n_kv_heads, int head_size, int seq_len, int kv_half);
+size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len);
+int gpu_attention_max_head_size(void);   // the largest head the attention kernel handles
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate
 int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index of the maximum
+// The same in two halves: the kernel (may be captured in a graph), then the wait for its result.
+void gpu_argmax_launch(GpuCtx *g, const float *v, int n);
+int gpu_argmax_result(GpuCtx *g);
 
 #ifdef __cplusplus
 }

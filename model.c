@@ -4,6 +4,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -166,12 +167,12 @@ static int check_size(Src *f, size_t expected, const char *what) {
 }
 
 static Mat fp32_mat(const float *p, int rows, int cols) {
-    Mat m = {rows, cols, cols, 0, 0, p, NULL, NULL};
+    Mat m = {rows, cols, cols, 0, 0, p, NULL, NULL, NULL};
     return m;
 }
 
 static Mat q8_mat(const int8_t *q, const float *s, int rows, int cols, int gs) {
-    Mat m = {rows, cols, round_up(cols, ROW_ALIGN), gs, ceil_div(cols, gs), NULL, q, s};
+    Mat m = {rows, cols, round_up(cols, ROW_ALIGN), gs, ceil_div(cols, gs), NULL, q, s, NULL};
     return m;
 }
 
@@ -207,7 +208,7 @@ static int load_v0(Src *f, Model *m) {
     read_config(f->base, &m->cfg);
     Config *c = &m->cfg;
     m->shared_classifier = c->vocab_size > 0;
-    if (c->vocab_size < 0) c->vocab_size = -c->vocab_size;
+    if (c->vocab_size < 0) c->vocab_size = c->vocab_size == INT_MIN ? 0 : -c->vocab_size;   // 0: refused below
     if (check_config(f, c)) return -1;
     size_t Ld = (size_t)c->n_layers * c->dim, vd = (size_t)c->vocab_size * c->dim;
     size_t body = vd + 2 * Ld + c->dim, freq = (size_t)c->seq_len * (c->dim / c->n_heads);

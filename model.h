@@ -45,6 +45,7 @@ typedef struct {
     const float  *f;
     const int8_t *q;
     const float  *s;
+    const void   *h;   // FP16 (rows, cols) dense: set only by the GPU's --fp16 baseline
 } Mat;
 
 typedef struct {

@@ -11,17 +11,25 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "model.h"
 
+// The output is written to a temporary file beside it and renamed into place only when complete,
+// so that a failure (a full disk, a signal) never leaves a truncated checkpoint under its name.
+static char tmp_output[4200];
+
 static void die(const char *msg) {
     fprintf(stderr, "quantize: %s\n", msg);
+    if (tmp_output[0]) unlink(tmp_output);
     exit(1);
 }
 
@@ -152,11 +160,21 @@ typedef struct {
     size_t bytes;
 } OutFile;
 
+// Creates path's temporary file with all its blocks allocated up front (posix_fallocate), so that
+// a full disk is an error here and not a SIGBUS when a mapped page is first written.
 static OutFile create_output(const char *path, size_t bytes) {
     char msg[ERR_LEN];
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) {
-        snprintf(msg, sizeof msg, "%s: cannot create a %zu-byte file: %s", path, bytes, strerror(errno));
+    snprintf(tmp_output, sizeof tmp_output, "%.4000s.tmpXXXXXX", path);
+    int fd = mkstemp(tmp_output);
+    if (fd < 0) {
+        tmp_output[0] = '\0';
+        snprintf(msg, sizeof msg, "%.300s: cannot create a file there: %s", path, strerror(errno));
+        die(msg);
+    }
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    if (e != 0 || fchmod(fd, 0644) != 0) {
+        snprintf(msg, sizeof msg, "%.300s: cannot allocate %zu bytes: %s", path, bytes, strerror(e ? e : errno));
+        close(fd);
         die(msg);
     }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -169,11 +187,16 @@ static OutFile create_output(const char *path, size_t bytes) {
 }
 
 static void close_output(OutFile *o, const char *path) {
+    char msg[ERR_LEN];
     if (msync(o->base, o->bytes, MS_SYNC) != 0 || munmap(o->base, o->bytes) != 0) {
-        char msg[ERR_LEN];
-        snprintf(msg, sizeof msg, "%s: write failed: %s", path, strerror(errno));
+        snprintf(msg, sizeof msg, "%.300s: write failed: %s", path, strerror(errno));
         die(msg);
     }
+    if (rename(tmp_output, path) != 0) {
+        snprintf(msg, sizeof msg, "%.300s: cannot rename %s into place: %s", path, tmp_output, strerror(errno));
+        die(msg);
+    }
+    tmp_output[0] = '\0';
 }
 
 static void fill_floats(float *p, size_t n, float v) {
@@ -297,95 +320,132 @@ static const struct { const char *name; Config c; int shared; } presets[] = {
 };
 
 // NAME is a preset or "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (a negative vocab: an
-// unshared classifier, as in llama2.c's header).
-static void parse_shape(const char *name, Config *c, int *shared) {
+// unshared classifier, as in llama2.c's header). 0, or -1 with the reason in err.
+static int parse_shape(const char *name, Config *c, int *shared, char *err) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (!strcmp(name, presets[i].name)) {
             *c = presets[i].c;
             *shared = presets[i].shared;
-            return;
+            return 0;
         }
     int v[7], used = 0;
     if (sscanf(name, "%d,%d,%d,%d,%d,%d,%d%n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &used) != 7 || name[used]) {
-        fprintf(stderr, "quantize: --synthetic: \"%s\" is neither a preset (llama2-7b, tinyllama-1.1b, stories15m, "
-                        "stories110m) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len\n", name);
-        exit(1);
+        snprintf(err, ERR_LEN, "--synthetic: \"%.100s\" is neither a preset (llama2-7b, tinyllama-1.1b, stories15m, "
+                               "stories110m) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len", name);
+        return -1;
     }
-    *c = (Config){v[0], v[1], v[2], v[3], v[4], v[5] < 0 ? -v[5] : v[5], v[6]};
+    *c = (Config){v[0], v[1], v[2], v[3], v[4], v[5] == INT_MIN ? 0 : v[5] < 0 ? -v[5] : v[5], v[6]};
     *shared = v[5] > 0;
+    char why[ERR_LEN];
+    if (validate_config(c, why)) {
+        snprintf(err, ERR_LEN, "--synthetic %.100s: %.380s", name, why);
+        return -1;
+    }
+    return 0;
 }
 
-static void usage(void) {
-    fprintf(stderr, "Usage: quantize in.bin out.bin [-g GS]\n"
+static int parse_int(const char *flag, const char *s, int lo, int hi, int *out, char *err) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        snprintf(err, ERR_LEN, "%s expects an integer in [%d, %d], got \"%.100s\"", flag, lo, hi, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+typedef struct {
+    const char *in, *out;     // in: NULL for --synthetic
+    const char *synthetic;    // the shape's name as given
+    Config cfg;               // --synthetic: the shape
+    int shared, gs, fp32, seed;
+} QuantizeArgs;
+
+#define ARGS_USAGE -2   // parse_quantize_args: print the usage text
+
+// 0, or -1 (a bad value: the reason in err) or ARGS_USAGE (err says what was not understood).
+static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err) {
+    const char *pos[2] = {NULL, NULL};
+    int n_pos = 0;
+    *a = (QuantizeArgs){NULL, NULL, NULL, {0}, 0, 128, 0, 1234};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(f, "--fp32")) a->fp32 = 1;
+        else if (!strcmp(f, "-g") && v) rc = parse_int(f, argv[++i], 1, 1 << 20, &a->gs, err);
+        else if (!strcmp(f, "--seed") && v) rc = parse_int(f, argv[++i], 0, 1 << 30, &a->seed, err);
+        else if (!strcmp(f, "--synthetic") && v) a->synthetic = argv[++i];
+        else if (f[0] == '-' || n_pos == 2) {
+            snprintf(err, ERR_LEN, "\"%.100s\" is not understood here", f);
+            return ARGS_USAGE;
+        } else pos[n_pos++] = f;
+        if (rc) return rc;
+    }
+    if (n_pos != (a->synthetic ? 1 : 2)) {
+        snprintf(err, ERR_LEN, "%s expected, %d given", a->synthetic ? "one output file" : "an input and an output file", n_pos);
+        return ARGS_USAGE;
+    }
+    if (a->synthetic) {
+        a->out = pos[0];
+        return parse_shape(a->synthetic, &a->cfg, &a->shared, err);
+    }
+    a->in = pos[0], a->out = pos[1];
+    return 0;
+}
+
+#ifndef QUANTIZE_NO_MAIN
+static void usage(const char *why) {
+    fprintf(stderr, "quantize: %s\n"
+                    "Usage: quantize in.bin out.bin [-g GS]\n"
                     "       quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]\n"
                     "  GS: group size along the input dimension (default 128)\n"
-                    "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n");
+                    "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n",
+            why);
     exit(1);
 }
 
-static int parse_int(const char *flag, const char *s, int lo, int hi) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "quantize: %s expects an integer in [%d, %d], got \"%s\"\n", flag, lo, hi, s);
-        exit(1);
+static int write_synthetic(const QuantizeArgs *a) {
+    unsigned long long seed = (unsigned long long)a->seed << 20;
+    if (a->fp32) {
+        write_fp32_synthetic(a->out, &a->cfg, a->shared, seed);
+    } else {
+        Job *jobs = calloc(2 + 7 * (size_t)a->cfg.n_layers, sizeof(Job));
+        int n_jobs;
+        if (!jobs) die("out of memory");
+        write_q8(a->out, &a->cfg, a->gs, a->shared, NULL, seed, jobs, &n_jobs);
+        free(jobs);
     }
-    return (int)v;
+    fprintf(stderr, "quantize: wrote %s (%s, seed %d, %s)\n", a->out, a->synthetic, a->seed, a->fp32 ? "FP32 llama2.c v0" : "INT8 Q8LM");
+    return 0;
 }
 
 int main(int argc, char **argv) {
-    const char *pos[2] = {NULL, NULL}, *synthetic = NULL;
-    int gs = 128, fp32 = 0, n_pos = 0;
-    unsigned long long seed = 1234;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--fp32")) fp32 = 1;
-        else if (!strcmp(a, "-g") && v) gs = parse_int(a, argv[++i], 1, 1 << 20);
-        else if (!strcmp(a, "--seed") && v) seed = (unsigned long long)parse_int(a, argv[++i], 0, 1 << 30);
-        else if (!strcmp(a, "--synthetic") && v) synthetic = argv[++i];
-        else if (a[0] == '-' || n_pos == 2) usage();
-        else pos[n_pos++] = a;
-    }
-    if (n_pos != (synthetic ? 1 : 2)) usage();
+    QuantizeArgs a;
     char err[ERR_LEN];
-    if (synthetic) {
-        Config c;
-        int shared;
-        parse_shape(synthetic, &c, &shared);
-        if (validate_config(&c, err)) {
-            fprintf(stderr, "quantize: --synthetic %s: %s\n", synthetic, err);
-            return 1;
-        }
-        if (fp32) {
-            write_fp32_synthetic(pos[0], &c, shared, seed << 20);
-        } else {
-            Job *jobs = calloc(2 + 7 * (size_t)c.n_layers, sizeof(Job));
-            int n_jobs;
-            if (!jobs) die("out of memory");
-            write_q8(pos[0], &c, gs, shared, NULL, seed << 20, jobs, &n_jobs);
-            free(jobs);
-        }
-        fprintf(stderr, "quantize: wrote %s (%s, seed %llu, %s)\n", pos[0], synthetic, seed, fp32 ? "FP32 llama2.c v0" : "INT8 Q8LM");
-        return 0;
-    }
+    int rc = parse_quantize_args(argc, argv, &a, err);
+    if (rc == ARGS_USAGE) usage(err);
+    if (rc) die(err);
+    // over a file-size limit, writes fail with EFBIG (reported) instead of killing the process
+    signal(SIGXFSZ, SIG_IGN);
+    if (a.synthetic) return write_synthetic(&a);
     Model m;
-    if (load_model(pos[0], &m, err)) {
-        fprintf(stderr, "quantize: %s\n", err);
-        return 1;
-    }
+    if (load_model(a.in, &m, err)) die(err);
     if (m.quantized) {
-        fprintf(stderr, "quantize: %s: already INT8 (%s); give an FP32 checkpoint\n", pos[0], format_name(m.format));
+        fprintf(stderr, "quantize: %s: already INT8 (%s); give an FP32 checkpoint\n", a.in, format_name(m.format));
         return 1;
     }
     Job *jobs = calloc(2 + 7 * (size_t)m.cfg.n_layers, sizeof(Job));
     int n_jobs;
     if (!jobs) die("out of memory");
-    write_q8(pos[1], &m.cfg, gs, m.shared_classifier, &m.w, 0, jobs, &n_jobs);
+    write_q8(a.out, &m.cfg, a.gs, m.shared_classifier, &m.w, 0, jobs, &n_jobs);
     Q8Layout L;
-    q8_layout(&m.cfg, gs, m.shared_classifier, &L);
-    printf("%s (%s) -> %s (Q8LM, group size %d)\n", pos[0], format_name(m.format), pos[1], gs);
+    q8_layout(&m.cfg, a.gs, m.shared_classifier, &L);
+    printf("%s (%s) -> %s (Q8LM, group size %d)\n", a.in, format_name(m.format), a.out, a.gs);
     report(jobs, n_jobs, m.map_bytes, L.total);
     free(jobs);
     free_model(&m);
     return 0;
 }
+#endif

@@ -14,6 +14,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,8 @@ typedef struct {
     float *hb, *hb2;                  // (MAX_BATCH, hidden_dim)
     float *att;                       // CPU: (seq_len) scores of one head
     float *logits;                    // (MAX_BATCH, vocab)
-    float *key_cache, *value_cache;   // (layer, seq_len, kv_dim)
+    // (layer, seq_len, kv_dim): FP32 on the CPU; on the GPU FP16, or FP32 with --kv-fp32
+    void *key_cache, *value_cache;
 } RunState;
 
 // The operations forward() is written against. Positions and token ids are passed on every call;
@@ -85,6 +87,7 @@ typedef struct {
 struct Exec {
     const Ops *ops;
     Config cfg;
+    int kv_bytes;       // bytes per KV cache element: 4 (FP32) or 2 (FP16)
     const Weights *w;   // host weights (CPU) or their device mirror (GPU)
     RunState s;
     void *priv;         // executor-private state (GPU)
@@ -193,8 +196,8 @@ static void cpu_rope_store(Exec *e, int layer, int M, int pos) {
         }
     }
     size_t at = ((size_t)layer * p->seq_len + pos) * kv_dim;
-    memcpy(e->s.key_cache + at, e->s.k, (size_t)M * kv_dim * sizeof(float));
-    memcpy(e->s.value_cache + at, e->s.v, (size_t)M * kv_dim * sizeof(float));
+    memcpy((float *)e->s.key_cache + at, e->s.k, (size_t)M * kv_dim * sizeof(float));
+    memcpy((float *)e->s.value_cache + at, e->s.v, (size_t)M * kv_dim * sizeof(float));
 }
 
 static void softmax(float *x, int n) {
@@ -221,7 +224,7 @@ static void cpu_attention(Exec *e, int layer, int M, int pos) {
         for (int h = 0; h < p->n_heads; h++) {
             const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
             for (int t = 0; t <= last; t++) {
-                const float *k = e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+                const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
                 float score = 0.0f;
                 for (int i = 0; i < head_size; i++) score += q[i] * k[i];
                 att[t] = score / sqrtf(head_size);
@@ -230,7 +233,7 @@ static void cpu_attention(Exec *e, int layer, int M, int pos) {
             float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
             memset(xb, 0, head_size * sizeof(float));
             for (int t = 0; t <= last; t++) {
-                const float *v = e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+                const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
                 for (int i = 0; i < head_size; i++) xb[i] += att[t] * v[i];
             }
         }
@@ -253,7 +256,7 @@ static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, 
 
 static void cpu_release(Exec *e) {
     RunState *s = &e->s;
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
+    void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -271,13 +274,14 @@ static StateSizes state_sizes(const Config *p) {
                         (size_t)MAX_BATCH * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
 }
 
-static void alloc_state(RunState *s, const Config *p, void *(*alloc)(size_t bytes)) {
+// kv_bytes: bytes per KV cache element (4: FP32, 2: FP16).
+static void alloc_state(RunState *s, const Config *p, int kv_bytes, void *(*alloc)(size_t bytes)) {
     StateSizes z = state_sizes(p);
     s->x = alloc(z.x * sizeof(float)), s->xb = alloc(z.x * sizeof(float)), s->q = alloc(z.x * sizeof(float));
     s->k = alloc(z.kv * sizeof(float)), s->v = alloc(z.kv * sizeof(float));
     s->hb = alloc(z.hidden * sizeof(float)), s->hb2 = alloc(z.hidden * sizeof(float));
     s->logits = alloc(z.logits * sizeof(float));
-    s->key_cache = alloc(z.cache * sizeof(float)), s->value_cache = alloc(z.cache * sizeof(float));
+    s->key_cache = alloc(z.cache * kv_bytes), s->value_cache = alloc(z.cache * kv_bytes);
 }
 
 static void *host_alloc(size_t bytes) { return xcalloc(bytes, 1); }
@@ -287,7 +291,8 @@ static void cpu_exec_init(Exec *e, const Model *m) {
     e->ops = &cpu_ops;
     e->cfg = m->cfg;
     e->w = &m->w;
-    alloc_state(&e->s, &m->cfg, host_alloc);
+    e->kv_bytes = sizeof(float);
+    alloc_state(&e->s, &m->cfg, e->kv_bytes, host_alloc);
     e->s.att = xcalloc(m->cfg.seq_len, sizeof(float));
 }
 
@@ -336,7 +341,13 @@ static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_
 // ----------------------------------------------------------------------------
 // GPU executor (built when nvcc is there): kernels.h is its whole interface.
 
-typedef enum { PATH_FUSED, PATH_UNFUSED } GpuPath;
+typedef enum { PATH_FUSED, PATH_UNFUSED, PATH_FP16 } GpuPath;
+typedef struct {
+    GpuPath path;   // how INT8 linear layers run (FP32 checkpoints: cuBLAS FP32, or FP16 with PATH_FP16)
+    int use_graph;  // capture the decode step (M = 1) once as a CUDA graph, then replay it
+    int kv_half;    // FP16 KV cache (else FP32)
+    int pdl;        // programmatic dependent launch between kernels
+} GpuOptions;
 #define GPU_UNAVAILABLE -1   // gpu_exec_init: no usable GPU; the caller may use the CPU
 #define GPU_TOO_SMALL -2     // the model does not fit; an error
 
@@ -345,11 +356,15 @@ typedef struct {
     GpuCtx *ctx;
     Weights w;                  // device mirror of the model's Weights
     void *d_map, *d_owned;      // the uploaded file and the loader's repacked buffers
+    void *d_half;               // --fp16: every linear weight as dense FP16, one block
+    float *att_part;            // the split attention's partial results
     const Model *model;         // host side, for translating pointers
     float *host_logits;         // (MAX_BATCH, vocab)
-    int use_graph;              // capture the decode step (M = 1) once, then replay it
+    GpuOptions opt;
     GpuGraph *graph;            // the captured decode step, once made
     int capturing;
+    int decode_step;            // this forward is one token's decode step (M = 1, last logits only)
+    int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
 } GpuExec;
 
 #define GPU(e) ((GpuExec *)(e)->priv)
@@ -372,13 +387,17 @@ static Mat device_mat(const GpuExec *g, const Mat *m) {
     return d;
 }
 
-// Token ids and the position go to device memory; the decode step runs as a replayed graph.
+// Token ids and the position go to device memory; the decode step runs as a replayed graph,
+// whose last kernel is the greedy argmax (so that one int crosses to the host per token).
 static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, M, pos);
-    if (!g->use_graph || M != 1 || all_logits) return 0;
+    g->decode_step = M == 1 && !all_logits;
+    g->argmax_ready = 0;
+    if (!g->opt.use_graph || !g->decode_step) return 0;
     if (g->graph) {
         gpu_graph_launch(g->ctx, g->graph);
+        g->argmax_ready = 1;
         return 1;
     }
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
@@ -388,6 +407,10 @@ static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logi
 
 static void gpu_op_end(Exec *e) {
     GpuExec *g = GPU(e);
+    if (g->decode_step) {
+        gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size);
+        g->argmax_ready = 1;
+    }
     if (!g->capturing) return;
     g->capturing = 0;
     g->graph = gpu_graph_end(g->ctx);
@@ -405,7 +428,8 @@ static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w,
 // The paths differ only here: how a linear layer is done.
 static void gpu_linear(Exec *e, float *out, const float *in, int M, const Mat *w, int acc, int fused) {
     GpuCtx *c = GPU(e)->ctx;
-    if (w->f) gpu_matmul_f32(c, out, in, M, w->f, w->rows, w->cols, w->stride, acc);
+    if (w->h) gpu_matmul_f16(c, out, in, M, w->h, w->rows, w->cols, acc);
+    else if (w->f) gpu_matmul_f32(c, out, in, M, w->f, w->rows, w->cols, w->stride, acc);
     else if (fused) gpu_matmul_q8_fused(c, out, in, M, w, acc);
     else gpu_matmul_q8_unfused(c, out, in, M, w, acc);
 }
@@ -426,37 +450,49 @@ static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w
     e->ops->matmul(e, e->s.hb2, in, M, w3, 0);
     gpu_swiglu(GPU(e)->ctx, e->s.hb, e->s.hb2, M * w1->rows);
 }
+// The layer's slice of a KV cache: (seq_len, kv_dim) elements of kv_bytes each.
+static void *layer_cache(const Exec *e, void *cache, int layer) {
+    const Config *p = &e->cfg;
+    return (char *)cache + (size_t)layer * p->seq_len * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
+}
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
     int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
-    size_t loff = (size_t)layer * p->seq_len * kv_dim;
     (void)pos;   // on the device (begin)
-    gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, e->s.key_cache + loff, e->s.value_cache + loff, M, p->dim, kv_dim,
-                   head_size);
+    gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, layer_cache(e, e->s.key_cache, layer),
+                   layer_cache(e, e->s.value_cache, layer), M, p->dim, kv_dim, head_size, GPU(e)->opt.kv_half);
 }
 static void gpu_op_attention(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
-    int head_size = p->dim / p->n_heads;
-    size_t loff = (size_t)layer * p->seq_len * head_size * p->n_kv_heads;
     (void)pos;   // on the device (begin)
-    gpu_attention(GPU(e)->ctx, e->s.xb, e->s.q, e->s.key_cache + loff, e->s.value_cache + loff, M, p->n_heads,
-                  p->n_kv_heads, head_size, p->seq_len);
+    gpu_attention(GPU(e)->ctx, e->s.xb, GPU(e)->att_part, e->s.q, layer_cache(e, e->s.key_cache, layer),
+                  layer_cache(e, e->s.value_cache, layer), M, p->n_heads, p->n_kv_heads, p->dim / p->n_heads, p->seq_len,
+                  GPU(e)->opt.kv_half);
 }
 static const float *gpu_op_to_host(Exec *e, const float *logits, int rows) {
     gpu_download(GPU(e)->ctx, GPU(e)->host_logits, logits, (size_t)rows * e->cfg.vocab_size * sizeof(float));
     return GPU(e)->host_logits;
 }
-static int gpu_op_argmax(Exec *e, const float *logits) { return gpu_argmax(GPU(e)->ctx, logits, e->cfg.vocab_size); }
+// The decode step already ran the argmax kernel: only its result is waited for.
+static int gpu_op_argmax(Exec *e, const float *logits) {
+    GpuExec *g = GPU(e);
+    if (g->argmax_ready && logits == e->s.logits) {
+        g->argmax_ready = 0;
+        return gpu_argmax_result(g->ctx);
+    }
+    return gpu_argmax(g->ctx, logits, e->cfg.vocab_size);
+}
 
 static void gpu_op_release(Exec *e) {
     GpuExec *g = GPU(e);
     RunState *s = &e->s;
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache};
+    void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache, g->att_part};
     gpu_sync(g->ctx);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
     if (g->graph) gpu_graph_free(g->graph);
     gpu_free(g->d_map);
     if (g->d_owned) gpu_free(g->d_owned);
+    if (g->d_half) gpu_free(g->d_half);
     free(g->w.wq);
     free(g->host_logits);
     gpu_destroy(g->ctx);
@@ -472,12 +508,24 @@ static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_o
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                  gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
+                                 gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
+                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
 
-// Largest linear weight, in elements: the unfused path's scratch.
-static size_t largest_mat(const Model *m) {
-    size_t most = (size_t)m->w.wcls.rows * m->w.wcls.cols;
-    const Mat *all = m->w.wq;   // the 7 per-layer arrays are one block
-    for (int i = 0; i < 7 * m->cfg.n_layers; i++) most = (size_t)all[i].rows * all[i].cols > most ? (size_t)all[i].rows * all[i].cols : most;
+// The linear weights: the 7 per-layer arrays (one block) and the classifier.
+static int n_linear(const Config *c) { return 7 * c->n_layers + 1; }
+static Mat *linear_at(Weights *w, const Config *c, int i) { return i < 7 * c->n_layers ? &w->wq[i] : &w->wcls; }
+
+// Largest linear weight, and all of them together, in elements (the unfused and FP16 paths).
+static size_t largest_mat(const Model *m, size_t *all_elems) {
+    size_t most = 0;
+    *all_elems = 0;
+    for (int i = 0; i < n_linear(&m->cfg); i++) {
+        const Mat *w = linear_at((Weights *)&m->w, &m->cfg, i);
+        size_t n = (size_t)w->rows * w->cols;
+        most = n > most ? n : most;
+        *all_elems += n;
+    }
     return most;
 }
 
@@ -496,35 +544,54 @@ static void mirror_weights(GpuExec *g, const Model *m) {
     d->rms_final = device_ptr(g, h->rms_final);
 }
 
+// --fp16: every linear weight converted once to dense FP16 (the FP16 baseline; the INT8 or FP32
+// originals stay for the embedding lookup).
+static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
+    g->d_half = gpu_alloc(all_elems * 2);
+    size_t at = 0;
+    for (int i = 0; i < n_linear(c); i++) {
+        Mat *w = linear_at(&g->w, c, i);
+        w->h = (char *)g->d_half + at * 2;
+        gpu_to_half(g->ctx, (void *)w->h, w);
+        at += (size_t)w->rows * w->cols;
+    }
+    gpu_sync(g->ctx);
+}
+
 // Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
 // activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
-// use_graph: replay the decode step as a CUDA graph (0 runs every kernel from the host).
-static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, char *why) {
+static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     const Config *p = &m->cfg;
+    int head_size = p->dim / p->n_heads, kv_bytes = opt.kv_half ? 2 : 4;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
-    if (p->seq_len > gpu_attention_max_len() || p->dim / p->n_heads > gpu_attention_max_head_size()) {
-        snprintf(why, ERR_LEN, "seq_len %d or head size %d is beyond the GPU attention kernel's %d and %d", p->seq_len,
-                 p->dim / p->n_heads, gpu_attention_max_len(), gpu_attention_max_head_size());
+    if (head_size > gpu_attention_max_head_size()) {
+        snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());
         return GPU_UNAVAILABLE;
     }
     StateSizes z = state_sizes(p);
-    size_t weights = m->map_bytes + m->owned_bytes, kv = 2 * z.cache * sizeof(float);
-    size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits) * sizeof(float);
-    size_t scratch = m->quantized && path == PATH_UNFUSED ? largest_mat(m) : 0, free_b, total_b;
-    size_t need = weights + kv + acts + scratch * sizeof(float) + ((size_t)512 << 20);   // + cuBLAS and context
+    size_t all_elems, largest = largest_mat(m, &all_elems);
+    size_t part = gpu_attention_part_floats(MAX_BATCH, p->n_heads, head_size, p->seq_len);
+    size_t weights = m->map_bytes + m->owned_bytes + (opt.path == PATH_FP16 ? all_elems * 2 : 0);
+    size_t kv = 2 * z.cache * kv_bytes;
+    size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
+    size_t scratch = m->quantized && opt.path == PATH_UNFUSED ? largest : 0, free_b, total_b;
+    size_t half_in = opt.path == PATH_FP16 ? (size_t)MAX_BATCH * (p->dim > p->hidden_dim ? p->dim : p->hidden_dim) : 0;
+    size_t need = weights + kv + acts + scratch * sizeof(float) + half_in * 2 + ((size_t)512 << 20);   // + cuBLAS, context
     gpu_mem_info(&free_b, &total_b);
     if (need > free_b) {
         snprintf(why, ERR_LEN,
                  "the model needs %.2f GiB on the GPU (weights %.2f, KV cache %.2f, activations and scratch %.2f, "
                  "reserve 0.50) but %s has %.2f GiB free of %.2f",
                  need / 1073741824.0, weights / 1073741824.0, kv / 1073741824.0,
-                 (acts + scratch * sizeof(float)) / 1073741824.0, gpu_name(), free_b / 1073741824.0, total_b / 1073741824.0);
+                 (acts + scratch * sizeof(float) + half_in * 2) / 1073741824.0, gpu_name(), free_b / 1073741824.0,
+                 total_b / 1073741824.0);
         return GPU_TOO_SMALL;
     }
     GpuExec *g = xcalloc(1, sizeof(GpuExec));
     g->model = m;
-    g->use_graph = use_graph;
-    g->ctx = gpu_create(scratch);
+    g->opt = opt;
+    g->ctx = gpu_create(scratch, half_in);
+    gpu_set_pdl(g->ctx, opt.pdl);
     g->d_map = gpu_alloc(m->map_bytes);
     gpu_upload(g->d_map, m->map, m->map_bytes);
     if (m->owned_bytes) {
@@ -532,18 +599,22 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, c
         gpu_upload(g->d_owned, m->owned, m->owned_bytes);
     }
     mirror_weights(g, m);
+    if (opt.path == PATH_FP16) make_half_weights(g, p, all_elems);
+    g->att_part = gpu_alloc(part * sizeof(float));
     g->host_logits = xcalloc(z.logits, sizeof(float));
     memset(e, 0, sizeof *e);
-    e->ops = !m->quantized ? &gpu_fp32_ops : path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
+    e->ops = opt.path == PATH_FP16 ? &gpu_fp16_ops : !m->quantized ? &gpu_fp32_ops
+           : opt.path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
     e->cfg = *p;
+    e->kv_bytes = kv_bytes;
     e->w = &g->w;
     e->priv = g;
-    alloc_state(&e->s, p, gpu_alloc);
+    alloc_state(&e->s, p, kv_bytes, gpu_alloc);
     return 0;
 }
 #else
-static int gpu_exec_init(Exec *e, const Model *m, GpuPath path, int use_graph, char *why) {
-    (void)e, (void)m, (void)path, (void)use_graph;
+static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
+    (void)e, (void)m, (void)opt;
     snprintf(why, ERR_LEN, "this build has no GPU support (nvcc was not found at build time)");
     return GPU_UNAVAILABLE;
 }
@@ -837,6 +908,7 @@ static int sample(Sampler *s, Exec *e, const float *logits) {
 typedef struct {
     int prompt_tokens, generated;
     double prefill_s, decode_s;
+    double kv_bytes;   // KV cache bytes the decode steps read (keys and values of every position)
 } GenStats;
 
 static size_t mat_bytes(const Mat *m) {
@@ -845,13 +917,32 @@ static size_t mat_bytes(const Mat *m) {
 }
 
 // Weight bytes one decode step must read: every linear weight and norm, the classifier, and one
-// embedding row. (Scales included; the KV cache is not.)
-static size_t weight_bytes_per_token(const Model *m) {
+// embedding row; fp16: the linear weights as the FP16 path holds them. (Scales included; the KV
+// cache is counted separately.)
+static size_t weight_bytes_per_token(const Model *m, int fp16) {
     const Weights *w = &m->w;
     const Mat *e = &w->tok_embedding;
-    size_t bytes = mat_bytes(&w->wcls) + (mat_bytes(e) / e->rows) + ((size_t)2 * m->cfg.n_layers + 1) * m->cfg.dim * sizeof(float);
-    for (int i = 0; i < 7 * m->cfg.n_layers; i++) bytes += mat_bytes(&w->wq[i]);   // the 7 per-layer arrays are one block
+    size_t bytes = (mat_bytes(e) / e->rows) + ((size_t)2 * m->cfg.n_layers + 1) * m->cfg.dim * sizeof(float);
+    for (int i = 0; i <= 7 * m->cfg.n_layers; i++) {   // the 7 per-layer arrays are one block; then wcls
+        const Mat *l = i < 7 * m->cfg.n_layers ? &w->wq[i] : &w->wcls;
+        bytes += fp16 ? (size_t)l->rows * l->cols * 2 : mat_bytes(l);
+    }
     return bytes;
+}
+
+// KV cache bytes the attention of one token at position pos reads: keys and values of positions
+// 0..pos in every layer.
+static double kv_bytes_at(const Exec *e, int pos) {
+    const Config *p = &e->cfg;
+    return 2.0 * p->n_layers * (pos + 1) * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
+}
+
+// Prints a piece of text; 0, or -1 with the reason in err if stdout is gone (a closed pipe).
+static int emit(const char *piece, char *err) {
+    safe_print(piece);
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    snprintf(err, ERR_LEN, "writing the output failed: %s", strerror(errno));
+    return -1;
 }
 
 // Runs tokens[0..n) at positions pos.. in chunks of MAX_BATCH; returns the last token's logits.
@@ -882,21 +973,24 @@ static int generate(Exec *e, const Tokenizer *tok, Sampler *sampler, const char 
     const float *logits = prefill(e, tokens, n, 0);
     e->ops->to_host(e, logits, 1);   // waits for the device: prefill time is complete
     long t1 = time_in_us();
-    for (int i = 1; i < n; i++) safe_print(decode(tok, tokens[i - 1], tokens[i]));
-    fflush(stdout);
+    for (int i = 1; i < n; i++)
+        if (emit(decode(tok, tokens[i - 1], tokens[i]), err)) goto fail;
     int token = tokens[n - 1], generated = 0;
+    double kv_bytes = 0;
     for (int pos = n - 1; pos < steps;) {
         int next = sample(sampler, e, logits);
         pos++;
         generated++;
         if (next == BOS) break;
-        safe_print(decode(tok, token, next));
-        fflush(stdout);
+        if (emit(decode(tok, token, next), err)) goto fail;
         token = next;
-        if (pos < steps) logits = forward(e, &token, 1, pos, 0);
+        if (pos < steps) {
+            logits = forward(e, &token, 1, pos, 0);
+            kv_bytes += kv_bytes_at(e, pos);
+        }
     }
-    printf("\n");
-    *st = (GenStats){n, generated, (t1 - t0) / 1e6, (time_in_us() - t1) / 1e6};
+    if (emit("\n", err)) goto fail;
+    *st = (GenStats){n, generated, (t1 - t0) / 1e6, (time_in_us() - t1) / 1e6, kv_bytes};
     free(tokens);
     return 0;
 fail:
@@ -950,9 +1044,85 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
 // ----------------------------------------------------------------------------
 // CLI
 
+// Everything the command line sets, parsed without side effects (the fuzzer calls this).
+typedef struct {
+    const char *checkpoint, *prompt, *tokenizer, *ppl_file, *device;
+    float temperature, topp;
+    long steps, seed;
+    GpuOptions gpu;
+} CliArgs;
+
+#define CLI_USAGE -2   // parse_cli: not a usable command line; print the usage text
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out, char *err) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        snprintf(err, ERR_LEN, "%s expects an integer in [%ld, %ld], got \"%.100s\"", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, float lo, float hi, float *out, char *err) {
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        snprintf(err, ERR_LEN, "%s expects a number in [%g, %g], got \"%.100s\"", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+// 0, or -1 (a bad value: the reason in err) or CLI_USAGE (err says what was not understood).
+static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
+    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, 1}};
+    if (argc < 2 || argv[1][0] == '-') {
+        snprintf(err, ERR_LEN, "the first argument must be the checkpoint");
+        return CLI_USAGE;
+    }
+    a->checkpoint = argv[1];
+    for (int i = 2; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(f, "--unfused")) { a->gpu.path = PATH_UNFUSED; continue; }
+        if (!strcmp(f, "--fp16")) { a->gpu.path = PATH_FP16; continue; }
+        if (!strcmp(f, "--no-graph")) { a->gpu.use_graph = 0; continue; }
+        if (!strcmp(f, "--kv-fp32")) { a->gpu.kv_half = 0; continue; }
+        if (!strcmp(f, "--no-pdl")) { a->gpu.pdl = 0; continue; }
+        if (!v) {
+            snprintf(err, ERR_LEN, "option \"%.100s\" is unknown or lacks its value", f);
+            return CLI_USAGE;
+        }
+        if (!strcmp(f, "-p") || !strcmp(f, "-i")) a->prompt = v;
+        else if (!strcmp(f, "-n")) rc = parse_long(f, v, 0, INT_MAX, &a->steps, err);
+        else if (!strcmp(f, "-t")) rc = parse_float(f, v, 0.0f, FLT_MAX, &a->temperature, err);
+        else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 0.0f, 1.0f, &a->topp, err);
+        else if (!strcmp(f, "-s")) rc = parse_long(f, v, 0, LONG_MAX, &a->seed, err);
+        else if (!strcmp(f, "-z")) a->tokenizer = v;
+        else if (!strcmp(f, "--ppl")) a->ppl_file = v;
+        else if (!strcmp(f, "--device")) a->device = v;
+        else {
+            snprintf(err, ERR_LEN, "unknown option \"%.100s\"", f);
+            return CLI_USAGE;
+        }
+        if (rc) return rc;
+        i++;
+    }
+    if (strcmp(a->device, "cpu") && strcmp(a->device, "gpu")) {
+        snprintf(err, ERR_LEN, "--device expects cpu or gpu, got \"%.100s\"", a->device);
+        return -1;
+    }
+    return 0;
+}
+
 #ifndef RUN_NO_MAIN
-static void usage(void) {
+static void usage(const char *why) {
     fprintf(stderr,
+            "run: %s\n"
             "Usage:   run <checkpoint> [options]\n"
             "Example: run models/stories260K_q8.bin -z models/tok512.bin -p \"Once upon a time\"\n"
             "Options:\n"
@@ -964,35 +1134,18 @@ static void usage(void) {
             "  -z <string>      tokenizer (default: tokenizer.bin beside the binary)\n"
             "  --device cpu|gpu where to run (default gpu; falls back to cpu with a message)\n"
             "  --unfused        GPU: separate dequant kernel + cuBLAS instead of the fused kernels\n"
+            "  --fp16           GPU: weights converted to FP16 at load, cuBLAS (the unquantized baseline)\n"
+            "  --kv-fp32        GPU: FP32 KV cache (default FP16)\n"
             "  --no-graph       GPU: launch every kernel from the host instead of replaying a CUDA graph\n"
-            "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n");
+            "  --no-pdl         GPU: no programmatic dependent launch (each kernel waits for the last to end)\n"
+            "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n",
+            why);
     exit(1);
 }
 
 static void die(const char *msg) {
     fprintf(stderr, "run: %s\n", msg);
     exit(1);
-}
-
-static long parse_int(const char *flag, const char *s, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "run: %s expects an integer in [%ld, %ld], got \"%s\"\n", flag, lo, hi, s);
-        exit(1);
-    }
-    return v;
-}
-
-static float parse_float(const char *flag, const char *s, float lo, float hi) {
-    char *end;
-    float v = strtof(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "run: %s expects a number in [%g, %g], got \"%s\"\n", flag, lo, hi, s);
-        exit(1);
-    }
-    return v;
 }
 
 // tokenizer.bin in the directory of the running binary
@@ -1006,86 +1159,84 @@ static void default_tokenizer(char *path, size_t n, const char *argv0) {
     snprintf(path, n, "%s/tokenizer.bin", slash ? exe : ".");
 }
 
+static void print_stats(const GenStats *st, const Model *model, const Exec *e, const CliArgs *a, const char *path_name) {
+    int decoded = st->generated > 0 ? st->generated - 1 : 0;   // the first sample came from prefill
+    double tps = st->decode_s > 0 ? decoded / st->decode_s : 0.0;
+    double gb_w = weight_bytes_per_token(model, !strcmp(a->device, "gpu") && a->gpu.path == PATH_FP16) / 1e9;
+    double gb_kv = decoded > 0 ? st->kv_bytes / decoded / 1e9 : 0.0;
+    fprintf(stderr,
+            "prompt %d tokens, generated %d; prefill %.1f tok/s, decode %.1f tok/s; weights %.3f GB/token, "
+            "KV cache %.3f GB/token (FP%d), %.1f GB/s effective; device %s, path %s, %s\n",
+            st->prompt_tokens, st->generated, st->prefill_s > 0 ? st->prompt_tokens / st->prefill_s : 0.0, tps, gb_w, gb_kv,
+            8 * e->kv_bytes, (gb_w + gb_kv) * tps, a->device, path_name, format_name(model->format));
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || argv[1][0] == '-') usage();
-    const char *checkpoint = argv[1], *prompt = "", *tokenizer_path = NULL, *ppl_file = NULL, *device = "gpu";
-    float temperature = 1.0f, topp = 0.9f;
-    long steps = 256, seed = 0;
-    int unfused = 0, no_graph = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--unfused")) { unfused = 1; continue; }
-        if (!strcmp(a, "--no-graph")) { no_graph = 1; continue; }
-        if (!v) usage();
-        if (!strcmp(a, "-p") || !strcmp(a, "-i")) prompt = v;
-        else if (!strcmp(a, "-n")) steps = parse_int(a, v, 0, INT_MAX);
-        else if (!strcmp(a, "-t")) temperature = parse_float(a, v, 0.0f, FLT_MAX);
-        else if (!strcmp(a, "--top-p")) topp = parse_float(a, v, 0.0f, 1.0f);
-        else if (!strcmp(a, "-s")) seed = parse_int(a, v, 0, LONG_MAX);
-        else if (!strcmp(a, "-z")) tokenizer_path = v;
-        else if (!strcmp(a, "--ppl")) ppl_file = v;
-        else if (!strcmp(a, "--device")) device = v;
-        else usage();
-        i++;
-    }
-    if (strcmp(device, "cpu") && strcmp(device, "gpu")) die("--device expects cpu or gpu");
+    CliArgs a;
     char default_tok[4200], err[ERR_LEN];
-    if (!tokenizer_path) {
+    int rc = parse_cli(argc, argv, &a, err);
+    if (rc == CLI_USAGE) usage(err);
+    if (rc) die(err);
+    signal(SIGPIPE, SIG_IGN);   // a closed stdout becomes a write error with a message, not a kill
+    if (!a.tokenizer) {
         default_tokenizer(default_tok, sizeof default_tok, argv[0]);
-        tokenizer_path = default_tok;
+        a.tokenizer = default_tok;
     }
 
     Model model;
-    if (load_model(checkpoint, &model, err)) die(err);
+    if (load_model(a.checkpoint, &model, err)) die(err);
     Tokenizer tok;
-    if (build_tokenizer(&tok, tokenizer_path, model.cfg.vocab_size, err)) die(err);
-    if (steps == 0 || steps > model.cfg.seq_len) steps = model.cfg.seq_len;
+    if (build_tokenizer(&tok, a.tokenizer, model.cfg.vocab_size, err)) die(err);
+    if (a.steps > model.cfg.seq_len) {
+        snprintf(err, ERR_LEN, "-n %ld is beyond the context of %s (seq_len %d)", a.steps, a.checkpoint, model.cfg.seq_len);
+        die(err);
+    }
+    if (a.steps == 0) a.steps = model.cfg.seq_len;
 
     Exec exec;
     const char *path_name = model.quantized ? "int8" : "fp32";
-    if (!strcmp(device, "gpu")) {
-        int rc = gpu_exec_init(&exec, &model, unfused ? PATH_UNFUSED : PATH_FUSED, !no_graph, err);
+    if (!strcmp(a.device, "gpu")) {
+        rc = gpu_exec_init(&exec, &model, a.gpu, err);
         if (rc == GPU_TOO_SMALL) die(err);
         if (rc == 0) {
             path_name = exec.ops->name;
         } else {
             fprintf(stderr, "run: GPU unavailable (%s); using the CPU\n", err);
-            device = "cpu";
+            a.device = "cpu";
         }
     }
-    if (!strcmp(device, "cpu")) {
-        if (unfused) fprintf(stderr, "run: --unfused applies to the GPU only; ignored on the CPU\n");
+    if (!strcmp(a.device, "cpu")) {
+        if (a.gpu.path != PATH_FUSED) fprintf(stderr, "run: --unfused and --fp16 apply to the GPU only; ignored on the CPU\n");
         cpu_exec_init(&exec, &model);
     }
 
     int status = 0;
-    if (ppl_file) {
+    if (a.ppl_file) {
         size_t bytes;
         double ppl;
         int n_pred;
-        char *text = read_file(ppl_file, (size_t)64 << 20, &bytes, err);
+        char *text = read_file(a.ppl_file, (size_t)64 << 20, &bytes, err);
         if (!text || perplexity(&exec, &tok, text, &ppl, &n_pred, err)) {
             fprintf(stderr, "run: %s\n", err);
             status = 1;
         } else {
-            printf("perplexity %.4f over %d predicted tokens (%s, %s %s)\n", ppl, n_pred, ppl_file, device, path_name);
+            printf("perplexity %.4f over %d predicted tokens (%s, %s %s)\n", ppl, n_pred, a.ppl_file, a.device, path_name);
+            if (fflush(stdout) != 0) {
+                fprintf(stderr, "run: writing the output failed: %s\n", strerror(errno));
+                status = 1;
+            }
         }
         free(text);
     } else {
         Sampler sampler;
-        build_sampler(&sampler, model.cfg.vocab_size, temperature, topp, seed > 0 ? (unsigned long long)seed : (unsigned long long)time(NULL));
+        build_sampler(&sampler, model.cfg.vocab_size, a.temperature, a.topp,
+                      a.seed > 0 ? (unsigned long long)a.seed : (unsigned long long)time(NULL));
         GenStats st;
-        if (generate(&exec, &tok, &sampler, prompt, (int)steps, &st, err)) {
+        if (generate(&exec, &tok, &sampler, a.prompt, (int)a.steps, &st, err)) {
             fprintf(stderr, "run: %s\n", err);
             status = 1;
         } else {
-            int decoded = st.generated > 0 ? st.generated - 1 : 0;   // the first sample came from prefill
-            double decode_tps = st.decode_s > 0 ? decoded / st.decode_s : 0.0, gb = weight_bytes_per_token(&model) / 1e9;
-            fprintf(stderr,
-                    "prompt %d tokens, generated %d; prefill %.1f tok/s, decode %.1f tok/s; weights %.3f GB/token, "
-                    "%.1f GB/s effective; device %s, path %s, %s\n",
-                    st.prompt_tokens, st.generated, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0, decode_tps, gb,
-                    gb * decode_tps, device, path_name, format_name(model.format));
+            print_stats(&st, &model, &exec, &a, path_name);
         }
         free_sampler(&sampler);
     }

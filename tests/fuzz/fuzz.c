@@ -1,0 +1,191 @@
+// fuzz.c: libFuzzer targets for every parser of untrusted input, built with clang under
+// AddressSanitizer and UBSan against the engine's own sources (run.c and quantize.c are included
+// with their main() left out). One file, one target per build: -DFUZZ_<NAME>.
+//
+//   FUZZ_MODEL           load_model on arbitrary bytes (llama2.c v0/v1/v2, Q8LM); a model that
+//                        loads is then run for two tokens on the CPU executor
+//   FUZZ_TOKENIZER       build_tokenizer on arbitrary bytes for a vocabulary size taken from the
+//                        input; a tokenizer that loads encodes a text and decodes every piece
+//   FUZZ_ENCODE          encode() of arbitrary bytes (invalid UTF-8, embedded NULs, long input)
+//                        with the real 32000-token tokenizer, then decode of every token
+//   FUZZ_RUN_ARGS        run's command-line parsing
+//   FUZZ_QUANTIZE_ARGS   quantize's command-line parsing, including --synthetic shapes
+//
+// The contract under test: every input either succeeds or fails with a message, never a crash,
+// an out-of-bounds access, undefined behaviour or an exit.
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(FUZZ_QUANTIZE_ARGS)
+#define QUANTIZE_NO_MAIN
+#include "../../quantize.c"
+#else
+#define RUN_NO_MAIN
+#include "../../run.c"
+#endif
+
+// The bytes as an anonymous in-memory file: the loaders take paths, as the programs do.
+static int bytes_as_file(const uint8_t *data, size_t size, char path[64]) {
+    int fd = memfd_create("fuzz-input", 0);
+    if (fd < 0) abort();
+    for (size_t at = 0; at < size;) {
+        ssize_t n = write(fd, data + at, size - at);
+        if (n <= 0) abort();
+        at += (size_t)n;
+    }
+    snprintf(path, 64, "/proc/self/fd/%d", fd);
+    return fd;
+}
+
+// A failure must say which file it was about.
+static void expect_message(const char *err, const char *path) {
+    if (!err[0] || !strstr(err, path)) {
+        fprintf(stderr, "error message \"%s\" does not name %s\n", err, path);
+        abort();
+    }
+}
+
+// argv from the input: NUL-separated arguments after a fixed program name (at most 32).
+static int split_args(const uint8_t *data, size_t size, char *buf, char **argv, const char *prog) {
+    int argc = 0;
+    argv[argc++] = (char *)prog;
+    memcpy(buf, data, size);
+    buf[size] = '\0';
+    for (char *p = buf; p <= buf + size && argc < 32; p += strlen(p) + 1) argv[argc++] = p;
+    argv[argc] = NULL;
+    return argc;
+}
+
+#if defined(FUZZ_MODEL)
+// Small models only: the forward's cost and the KV cache grow with the header's dimensions.
+static int small_enough(const Config *c) {
+    double cache = (double)c->n_layers * c->seq_len * c->dim, acts = (double)MAX_BATCH * (c->vocab_size + c->hidden_dim + c->dim);
+    return cache < 1e6 && acts < 4e6 && (double)c->n_layers * c->dim * c->hidden_dim < 1e7;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char path[64], err[ERR_LEN] = "";
+    int fd = bytes_as_file(data, size, path);
+    Model m;
+    if (load_model(path, &m, err) == 0) {
+        if (small_enough(&m.cfg)) {
+            Exec e;
+            cpu_exec_init(&e, &m);
+            int tokens[2] = {BOS, m.cfg.vocab_size - 1};
+            forward(&e, tokens, 1, 0, 0);
+            if (m.cfg.seq_len > 1) forward(&e, tokens + 1, 1, 1, 0);
+            e.ops->release(&e);
+        }
+        free_model(&m);
+    } else {
+        expect_message(err, path);
+    }
+    close(fd);
+    return 0;
+}
+
+#elif defined(FUZZ_TOKENIZER)
+// Input: a 2-byte vocabulary size (1..4096), then the tokenizer file.
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 2) return 0;
+    int vocab = 1 + (data[0] | data[1] << 8) % 4096;
+    char path[64], err[ERR_LEN] = "";
+    int fd = bytes_as_file(data + 2, size - 2, path);
+    Tokenizer t;
+    if (build_tokenizer(&t, path, vocab, err) == 0) {
+        int tokens[64], n = 0;
+        if (encode(&t, "Once upon a time \xe2\x9c\x93 \xff", 1, tokens, &n, err) == 0)
+            for (int i = 1; i < n; i++) decode(&t, tokens[i - 1], tokens[i]);
+        for (int i = 0; i < vocab; i++) decode(&t, i == 0 ? 0 : BOS, i);
+        free_tokenizer(&t);
+    } else {
+        expect_message(err, path);
+    }
+    close(fd);
+    return 0;
+}
+
+#elif defined(FUZZ_ENCODE)
+static Tokenizer tok;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    char err[ERR_LEN];
+    (void)argc, (void)argv;
+    const char *path = getenv("FUZZ_TOKENIZER_FILE") ? getenv("FUZZ_TOKENIZER_FILE") : "tokenizer.bin";
+    if (build_tokenizer(&tok, path, 32000, err)) {
+        fprintf(stderr, "fuzz_encode: %s\n", err);
+        exit(1);
+    }
+    return 0;
+}
+
+// Each NUL-separated piece is one text (a prompt cannot hold a NUL either).
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *text = malloc(size + 1), err[ERR_LEN];
+    int *tokens = malloc((size + 3) * sizeof(int)), n = 0;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    for (char *p = text; p <= text + size; p += strlen(p) + 1) {
+        if (encode(&tok, p, 1, tokens, &n, err) == 0) {
+            if (n > (int)strlen(p) + 2) abort();   // the caller's buffer holds strlen + 2 (+1 spare)
+            for (int i = 1; i < n; i++) decode(&tok, tokens[i - 1], tokens[i]);
+        }
+    }
+    free(text);
+    free(tokens);
+    return 0;
+}
+
+#elif defined(FUZZ_RUN_ARGS)
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > 4096) return 0;
+    char *buf = malloc(size + 1), *argv[34], err[ERR_LEN] = "";
+    int argc = split_args(data, size, buf, argv, "run");
+    CliArgs a;
+    if (parse_cli(argc, argv, &a, err) != 0 && !err[0]) abort();   // a refusal says why
+    free(buf);
+    return 0;
+}
+
+#elif defined(FUZZ_QUANTIZE_ARGS)
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > 4096) return 0;
+    char *buf = malloc(size + 1), *argv[34], err[ERR_LEN] = "";
+    int argc = split_args(data, size, buf, argv, "quantize");
+    QuantizeArgs a;
+    if (parse_quantize_args(argc, argv, &a, err) != 0 && !err[0]) abort();
+    free(buf);
+    return 0;
+}
+#else
+#error "define one FUZZ_<TARGET>"
+#endif
+
+#ifdef FUZZ_REPLAY
+// Without libFuzzer (a gcc build for the normal test run): each file named on the command line
+// goes through the target once; a finding aborts under the sanitizers.
+int main(int argc, char **argv) {
+#if defined(FUZZ_ENCODE)
+    LLVMFuzzerInitialize(&argc, &argv);
+#endif
+    for (int i = 1; i < argc; i++) {
+        FILE *f = fopen(argv[i], "rb");
+        uint8_t *data = malloc((size_t)1 << 24);
+        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
+        if (!f || !data || ferror(f)) {
+            fprintf(stderr, "%s: cannot read\n", argv[i]);
+            return 1;
+        }
+        fclose(f);
+        LLVMFuzzerTestOneInput(data, size);
+        free(data);
+    }
+    printf("replayed %d inputs\n", argc - 1);
+    return 0;
+}
+#endif
