@@ -66,7 +66,7 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 	sh bench/bench.sh
 
 clean:
-	rm -f run quantize *.o tests/*.o tests/test_run bench/kernel_bench
+	rm -rf run quantize *.o tests/*.o tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing (issue: hostile input): libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
@@ -92,3 +92,29 @@ fuzz-seeds: quantize tests/test_run models
 fuzz: fuzz-seeds $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
 	sh tests/fuzz/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 .PHONY: fuzz fuzz-seeds
+
+# The CPU suite's command-line checks again through ASan + UBSan builds of run and quantize
+# (tests/test_run is always such a build).
+tests/asan/run: run.c model.c model.h
+	@mkdir -p tests/asan
+	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ run.c model.c $(LDLIBS)
+tests/asan/quantize: quantize.c model.c model.h
+	@mkdir -p tests/asan
+	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c model.c $(LDLIBS)
+test-asan: all tests/test_run tests/asan/run tests/asan/quantize
+	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
+
+# The CPU unit tests under valgrind (no sanitizers, no GPU code): --quick leaves out code15M.
+tests/test_run_vg: tests/test_run.c run.c model.c model.h
+	$(CC) $(CFLAGS) -Wno-unused-function -O1 -g -o $@ tests/test_run.c model.c $(LDLIBS)
+test-valgrind: all tests/test_run_vg
+	valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite ./tests/test_run_vg --quick models
+
+# The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
+# (memcheck, racecheck, initcheck, synccheck); on the GPU machine.
+tests/test_run_gpu: tests/test_run.c run.c model.c model.h kernels.o kernels.h
+	$(CC) $(CFLAGS) -Wno-unused-function $(GPU_DEFS) -O2 -g -c tests/test_run.c -o tests/test_run_gpu.o
+	$(CC) -o $@ tests/test_run_gpu.o model.o kernels.o $(GPU_LIBS) $(LDLIBS)
+test-gpu-sanitize: all tests/test_run_gpu
+	sh tests/gpu_sanitize.sh
+.PHONY: test-asan test-valgrind test-gpu-sanitize

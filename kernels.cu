@@ -50,12 +50,14 @@ struct GpuCtx {
     size_t scratch_floats;
     int *inputs;             // (1 + kMaxTokens): the step's position, then its token ids
     int *argmax;             // (1) device result of gpu_argmax
-    int *argmax_host;        // pinned
+    int *argmax_host;        // (kArgmaxSlots) pinned: results fetched asynchronously
+    cudaEvent_t argmax_fetched[2];
     int *inputs_host;        // pinned staging for inputs; reused once inputs_copied has passed
     cudaEvent_t inputs_copied;
     __half *x_half;          // (half_floats) activations converted for the FP16 cuBLAS path
     size_t half_floats;
     int pdl;                 // launch with programmatic dependent launch allowed
+    int prefetch_bytes;      // the GEMV's L2 prefetch per row under PDL (RUN_PREFETCH_BYTES overrides)
 };
 
 struct GpuGraph {
@@ -185,12 +187,36 @@ struct Q8Out {
     int N;
     int first_block;   // blockIdx.x where this output starts
 };
+// QKV launch only: RoPE applied to q and k in the epilogue, then k and v stored straight into
+// the layer's KV cache rows pos..pos+M-1 instead of out[1].y and out[2].y.
+struct RopeStore {
+    const int *inputs;   // [0]: the position of token 0; NULL: no RoPE, plain outputs
+    void *kc, *vc;       // (seq_len, kv_dim) the layer's caches, FP16 if kv_half else FP32
+    int head_size, kv_half;
+};
 struct Q8Args {
     Q8Out out[3];
     const float *x;    // (M, K)
     int n_out, M, K, stride, groups, gs, group_shift;
     int accumulate;    // y += result instead of y = result
+    int prefetch_bytes;   // of each weight row, asked of L2 before the previous kernel ends (PDL)
+    RopeStore rope;
 };
+
+// Rotates the pairs (v[r], v[r + 1]), r even, of rows row0 + r at position pos: the same
+// operations as rope_store_kernel (and the CPU's RoPE).
+template <int R>
+__device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, int head_size) {
+#pragma unroll
+    for (int r = 0; r + 1 < R; r += 2) {
+        const float freq = 1.0f / powf(10000.0f, ((row0 + r) % head_size) / (float)head_size);
+        float sn, cs;
+        sincosf(pos * freq, &sn, &cs);
+        const float v0 = v[r], v1 = v[r + 1];
+        v[r] = v0 * cs - v1 * sn;
+        v[r + 1] = v0 * sn + v1 * cs;
+    }
+}
 
 // Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
 //
@@ -225,7 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     // Weights do not depend on the previous kernel: start them towards L2 while it drains.
 #pragma unroll
     for (int i = 0; i < RR; i++)
-        for (int b = 128 * lane; b < min(stride, kPrefetchBytes); b += 32 * 128) prefetch_l2(qrow[i] + b);
+        for (int b = 128 * lane; b < min(stride, a.prefetch_bytes); b += 32 * 128) prefetch_l2(qrow[i] + b);
     pdl_wait_then_release();
     float acc[MT][RR];
 #pragma unroll
@@ -265,16 +291,36 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
         }
     }
 #pragma unroll
-    for (int t = 0; t < MT; t++)
+    for (int t = 0; t < MT; t++) {
+        float v[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float v = warp_sum(acc[t][r]);
-            if (kPair) v = v * (1.0f / (1.0f + expf(-v))) * warp_sum(acc[t][r + R]);   // silu(w1 x) * (w3 x)
-            if (lane == 0 && row0 + r < o.N && m0 + t < a.M) {
-                float *dst = o.y + (size_t)(m0 + t) * o.N + row0 + r;
-                *dst = a.accumulate ? *dst + v : v;
+            v[r] = warp_sum(acc[t][r]);
+            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * warp_sum(acc[t][r + R]);   // silu(w1 x) * (w3 x)
+        }
+        if (lane != 0 || m0 + t >= a.M) continue;
+        if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: the warp holds whole RoPE pairs
+            const int pos = a.rope.inputs[0] + m0 + t;
+            if (j < 2) rope_rows<R>(v, row0, pos, a.rope.head_size);
+            if (j > 0) {
+                const size_t at = (size_t)pos * o.N + row0;
+                void *cache = j == 1 ? a.rope.kc : a.rope.vc;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (row0 + r >= o.N) break;
+                    if (a.rope.kv_half) reinterpret_cast<__half *>(cache)[at + r] = __float2half_rn(v[r]);
+                    else reinterpret_cast<float *>(cache)[at + r] = v[r];
+                }
+                continue;
             }
         }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= o.N) break;
+            float *dst = o.y + (size_t)(m0 + t) * o.N + row0 + r;
+            *dst = a.accumulate ? *dst + v[r] : v[r];
+        }
+    }
 }
 
 // dst (N, K) FP32, dense = W. One thread per 4 consecutive weights: a warp reads 128 contiguous
@@ -333,6 +379,7 @@ __device__ __forceinline__ float2 kv_load2(const __half *p) {
 __device__ __forceinline__ float qk_dot(const float *qs, const float *k, int hs) {
     float sc = 0.0f;
     if (hs % 4 == 0) {
+#pragma unroll 4
         for (int i = 0; i < hs; i += 4) {
             const float4 v = __ldg(reinterpret_cast<const float4 *>(k + i));
             sc += qs[i] * v.x + qs[i + 1] * v.y + qs[i + 2] * v.z + qs[i + 3] * v.w;
@@ -348,6 +395,7 @@ __device__ __forceinline__ float qk_dot(const float *qs, const float *k, int hs)
 __device__ __forceinline__ float qk_dot(const float *qs, const __half *k, int hs) {
     float sc = 0.0f;
     if (hs % 8 == 0) {
+#pragma unroll 4
         for (int i = 0; i < hs; i += 8) {
             const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(k + i));
             const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
@@ -401,7 +449,7 @@ __global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ 
 // attention_combine_kernel. Splits past the last row record an empty partial.
 //   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); shared: q (hs), scores (chunk),
 //   warp partials (8 * hs).
-constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 512, kMaxSplits = 64;
+constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSplits = 64, kOneSplitLen = 1024;
 template <typename KV>
 __global__ void __launch_bounds__(kAttnThreads)
 attention_kernel(float *__restrict__ out, float *__restrict__ part, const float *__restrict__ q, const KV *__restrict__ kc,
@@ -442,6 +490,7 @@ attention_kernel(float *__restrict__ out, float *__restrict__ part, const float 
     float2 acc[kPairsPerLane];
 #pragma unroll
     for (int j = 0; j < kPairsPerLane; j++) acc[j] = make_float2(0.0f, 0.0f);
+#pragma unroll 4
     for (int t = t0 + warp; t < t1; t += n_warps) {
         const float a = att[t - t0];
         const KV *v = vc + (size_t)t * kv_dim + kv_off;
@@ -497,7 +546,9 @@ __global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
 }
 
 // One block: the first index of the maximum (ties go to the lower index, as on the CPU).
-__global__ void argmax_kernel(int *result, const float *__restrict__ v, int n) {
+// feed: it also becomes the next step's input, token inputs[1] at position inputs[0] + 1, so that
+// greedy decode steps can be queued before the host has read the token.
+__global__ void argmax_kernel(int *result, int *inputs, int feed, const float *__restrict__ v, int n) {
     __shared__ float best_val[1024];
     __shared__ int best_idx[1024];
     pdl_wait_then_release();
@@ -517,7 +568,10 @@ __global__ void argmax_kernel(int *result, const float *__restrict__ v, int n) {
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) *result = best_idx[0] < n ? best_idx[0] : 0;
+    if (threadIdx.x == 0) {
+        *result = best_idx[0] < n ? best_idx[0] : 0;
+        if (feed) inputs[0] += 1, inputs[1] = *result;
+    }
 }
 
 // dst (N, K) FP16 dense = W (INT8 dequantized, or FP32 rounded): the FP16 baseline's weights.
@@ -605,7 +659,8 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     if (scratch_floats) CUDA_CHECK(cudaMalloc(&g->scratch, scratch_floats * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&g->inputs, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&g->argmax_host, sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&g->argmax_host, 2 * sizeof(int)));
+    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g->argmax_fetched[i], cudaEventDisableTiming));
     CUDA_CHECK(cudaMallocHost(&g->inputs_host, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->inputs_copied, cudaEventDisableTiming));
     g->half_floats = half_floats;
@@ -613,6 +668,7 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     g->pdl = 1;
+    g->prefetch_bytes = getenv("RUN_PREFETCH_BYTES") ? atoi(getenv("RUN_PREFETCH_BYTES")) : kPrefetchBytes;
     return g;
 }
 
@@ -624,6 +680,7 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     CUDA_CHECK(cudaFree(g->blas_workspace));
     CUDA_CHECK(cudaFree(g->argmax));
     CUDA_CHECK(cudaFreeHost(g->argmax_host));
+    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(g->argmax_fetched[i]));
     CUDA_CHECK(cudaFreeHost(g->inputs_host));
     CUDA_CHECK(cudaEventDestroy(g->inputs_copied));
     CUDA_CHECK(cudaFree(g->x_half));
@@ -641,8 +698,11 @@ extern "C" void *gpu_alloc(size_t bytes) {
 
 extern "C" void gpu_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
+// cudaMemcpy from pageable memory may return before its last DMA lands, and the context's stream
+// does not wait for the legacy stream: synchronize so that kernels see the data.
 extern "C" void gpu_upload(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 extern "C" void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes) {
@@ -709,6 +769,7 @@ static int assign_blocks(Q8Args *a, int rows_per_block, int pair) {
 template <int MT, bool kShift, bool kPair, int R = kRowsPerWarp, int U = kChunksInFlight>
 static void launch_q8(GpuCtx *g, Q8Args a) {
     dim3 grid(assign_blocks(&a, kWarps * R, kPair), ceil_div_i(a.M, MT));
+    a.prefetch_bytes = g->pdl ? g->prefetch_bytes : 0;
     launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair>, grid, dim3(kWarps * 32), 0, a);
 }
 
@@ -757,11 +818,14 @@ extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, 
     else launch_q8_any<false>(g, a);
 }
 
-extern "C" void gpu_matmul_q8_fused3(GpuCtx *g, float *y0, float *y1, float *y2, const float *x, int M, const Mat *w0,
-                                     const Mat *w1, const Mat *w2) {
-    const Mat *w[3] = {w0, w1, w2};
-    float *y[3] = {y0, y1, y2};
-    launch_q8_any<false>(g, q8_args(x, M, 3, w, y, 0));
+extern "C" void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk,
+                                       const Mat *wv, void *key_cache, void *value_cache, int head_size, int kv_half) {
+    static_assert(kRowsPerWarp % 2 == 0, "RoPE pairs must not straddle warps");
+    const Mat *w[3] = {wq, wk, wv};
+    float *y[3] = {q, NULL, NULL};
+    Q8Args a = q8_args(x, M, 3, w, y, 0);
+    a.rope = (RopeStore){g->inputs, key_cache, value_cache, head_size, kv_half};
+    launch_q8_any<false>(g, a);
 }
 
 extern "C" void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3) {
@@ -861,9 +925,12 @@ extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, vo
 
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
 
-// Rows per split: 512, or more where 512 would need over kMaxSplits splits. Fixed by seq_len, not
-// by the position, so that a captured step replays at every position (splits past it are empty).
+// Rows per split: all of them up to a context of kOneSplitLen (one block per head is enough there,
+// and the combine kernel is saved); else 256, or more where 256 would need over kMaxSplits
+// splits. Fixed by seq_len, not by the position, so that a captured step replays at every
+// position (splits past it are empty).
 static int attention_chunk(int seq_len) {
+    if (seq_len <= kOneSplitLen) return seq_len;   // short contexts: no combine launch
     return seq_len <= kAttnChunk * kMaxSplits ? kAttnChunk : ceil_div_i(seq_len, kMaxSplits);
 }
 
@@ -898,16 +965,22 @@ extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
     launch(g, "swiglu_kernel", swiglu_kernel, dim3(ceil_div_i(n, 256)), dim3(256), 0, h, gate, n);
 }
 
-extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n) {
-    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(1024), 0, g->argmax, v, n);
+extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed) {
+    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(1024), 0, g->argmax, g->inputs, feed, v, n);
 }
 
-extern "C" int gpu_argmax_result(GpuCtx *g) {
-    gpu_download(g, g->argmax_host, g->argmax, sizeof(int));
-    return *g->argmax_host;
+extern "C" void gpu_argmax_fetch(GpuCtx *g, int slot) {
+    CUDA_CHECK(cudaMemcpyAsync(g->argmax_host + slot, g->argmax, sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaEventRecord(g->argmax_fetched[slot], g->stream));
+}
+
+extern "C" int gpu_argmax_wait(GpuCtx *g, int slot) {
+    CUDA_CHECK(cudaEventSynchronize(g->argmax_fetched[slot]));
+    return g->argmax_host[slot];
 }
 
 extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
-    gpu_argmax_launch(g, v, n);
-    return gpu_argmax_result(g);
+    gpu_argmax_launch(g, v, n, 0);
+    gpu_argmax_fetch(g, 0);
+    return gpu_argmax_wait(g, 0);
 }

@@ -47,9 +47,12 @@ void gpu_graph_free(GpuGraph *graph);
 // Linear layers: y (M, N) = x (M, K) W^T, W (N, K) given as a Mat with device pointers; x rows
 // are K floats apart, y rows N. accumulate: y += x W^T instead (the residual add, fused).
 void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
-// Three INT8 weights of one K (q, k, v) in one launch.
-void gpu_matmul_q8_fused3(GpuCtx *g, float *y0, float *y1, float *y2, const float *x, int M, const Mat *w0,
-                          const Mat *w1, const Mat *w2);
+// The attention's q, k, v (three INT8 weights of one K) in one launch, with RoPE applied at the
+// step's positions to q and k in the epilogue, and k, v stored into rows pos..pos+M-1 of the
+// layer's caches (seq_len, kv_dim), FP16 if kv_half: gpu_rope_store's work without its launch.
+// q (M, dim) is written.
+void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk, const Mat *wv,
+                            void *key_cache, void *value_cache, int head_size, int kv_half);
 // h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
 void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3);
 void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);   // INT8 -> FP32 (N, K) dense
@@ -78,9 +81,12 @@ size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len)
 int gpu_attention_max_head_size(void);   // the largest head the attention kernel handles
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate
 int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index of the maximum
-// The same in two halves: the kernel (may be captured in a graph), then the wait for its result.
-void gpu_argmax_launch(GpuCtx *g, const float *v, int n);
-int gpu_argmax_result(GpuCtx *g);
+// The same in parts: the kernel (may be captured in a graph; feed: the result also becomes the
+// next step's input, token at position + 1), an asynchronous copy of its result into one of two
+// host slots, and the wait for that slot.
+void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed);
+void gpu_argmax_fetch(GpuCtx *g, int slot);
+int gpu_argmax_wait(GpuCtx *g, int slot);
 
 #ifdef __cplusplus
 }

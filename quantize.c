@@ -434,6 +434,7 @@ int main(int argc, char **argv) {
     if (load_model(a.in, &m, err)) die(err);
     if (m.quantized) {
         fprintf(stderr, "quantize: %s: already INT8 (%s); give an FP32 checkpoint\n", a.in, format_name(m.format));
+        free_model(&m);
         return 1;
     }
     Job *jobs = calloc(2 + 7 * (size_t)m.cfg.n_layers, sizeof(Job));

@@ -72,17 +72,24 @@ typedef struct {
     void (*rmsnorm)(Exec *e, float *out, const float *in, const float *w, int M);   // rows of dim
     // out (M, rows) = in (M, cols) W^T; with accumulate, out += that instead (the residual add)
     void (*matmul)(Exec *e, float *out, const float *in, int M, const Mat *w, int accumulate);
-    // q, k, v = in W^T for the three attention weights (one launch on the GPU)
-    void (*qkv)(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv);
+    // q, k, v = in W^T for the three attention weights of a layer. The GPU's fused path does them
+    // in one launch that also applies RoPE and stores k and v in the cache (its rope_store is NULL).
+    void (*qkv)(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv);
     // hb = silu(in w1^T) * (in w3^T): the feed-forward's first half (one launch on the GPU)
     void (*ffn_up)(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3);
     // RoPE on q and k of tokens at pos..pos+M-1, then k and v stored in the layer's cache rows
+    // (optional: NULL where qkv does it)
     void (*rope_store)(Exec *e, int layer, int M, int pos);
     void (*attention)(Exec *e, int layer, int M, int pos);                      // xb = attention of q over the cache
     const float *(*to_host)(Exec *e, const float *logits, int rows);           // logits readable by the host
     int (*argmax)(Exec *e, const float *logits);                                // greedy token of one row
+    // Optional: greedy decoding from logits (of position pos) on, pipelined by the executor itself.
+    // Each token goes to on_token (non-zero stops with -1); stops after BOS or at position steps.
+    // Returns the tokens generated, -1, or NOT_PIPELINED where the caller should loop itself.
+    int (*decode_greedy)(Exec *e, const float *logits, int pos, int steps, int (*on_token)(void *ctx, int token), void *ctx);
     void (*release)(Exec *e);
 } Ops;
+#define NOT_PIPELINED -2
 
 struct Exec {
     const Ops *ops;
@@ -158,7 +165,8 @@ static void cpu_matmul(Exec *e, float *out, const float *in, int M, const Mat *w
 
 // q, k, v as three linear layers through the executor's own matmul (every executor but the GPU's
 // fused one, which does them in one launch).
-static void qkv_by_matmul(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+static void qkv_by_matmul(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    (void)layer;
     e->ops->matmul(e, e->s.q, in, M, wq, 0);
     e->ops->matmul(e, e->s.k, in, M, wk, 0);
     e->ops->matmul(e, e->s.v, in, M, wv, 0);
@@ -261,7 +269,7 @@ static void cpu_release(Exec *e) {
 }
 
 static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, qkv_by_matmul, cpu_ffn_up,
-                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_release};
+                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, NULL, cpu_release};
 
 // Sizes of the RunState buffers, in floats, shared by both executors' allocations.
 typedef struct {
@@ -322,8 +330,8 @@ static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_
     for (int l = 0; l < p->n_layers; l++) {
         // attention, with the residual add in the output projection
         o->rmsnorm(e, s->xb, s->x, w->rms_att + (size_t)l * dim, M);
-        o->qkv(e, s->xb, M, &w->wq[l], &w->wk[l], &w->wv[l]);
-        o->rope_store(e, l, M, pos);
+        o->qkv(e, l, s->xb, M, &w->wq[l], &w->wk[l], &w->wv[l]);
+        if (o->rope_store) o->rope_store(e, l, M, pos);
         o->attention(e, l, M, pos);
         o->matmul(e, s->x, s->xb, M, &w->wo[l], 1);
         // feed-forward: x += w2(silu(w1 x) * w3 x)
@@ -408,7 +416,7 @@ static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logi
 static void gpu_op_end(Exec *e) {
     GpuExec *g = GPU(e);
     if (g->decode_step) {
-        gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size);
+        gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
         g->argmax_ready = 1;
     }
     if (!g->capturing) return;
@@ -439,8 +447,11 @@ static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, con
 static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, const Mat *w, int acc) {
     gpu_linear(e, out, in, M, w, acc, 0);
 }
-static void gpu_op_qkv_fused(Exec *e, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
-    gpu_matmul_q8_fused3(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, in, M, wq, wk, wv);
+// forward-declared: the layer's slice of a KV cache
+static void *layer_cache(const Exec *e, void *cache, int layer);
+static void gpu_op_qkv_rope_fused(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    gpu_matmul_q8_qkv_rope(GPU(e)->ctx, e->s.q, in, M, wq, wk, wv, layer_cache(e, e->s.key_cache, layer),
+                           layer_cache(e, e->s.value_cache, layer), e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half);
 }
 static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
     gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
@@ -478,9 +489,41 @@ static int gpu_op_argmax(Exec *e, const float *logits) {
     GpuExec *g = GPU(e);
     if (g->argmax_ready && logits == e->s.logits) {
         g->argmax_ready = 0;
-        return gpu_argmax_result(g->ctx);
+        gpu_argmax_fetch(g->ctx, 0);
+        return gpu_argmax_wait(g->ctx, 0);
     }
     return gpu_argmax(g->ctx, logits, e->cfg.vocab_size);
+}
+
+// Greedy decode with the step replayed as a graph whose argmax feeds the next step's input on the
+// device: step p + 1 is queued before step p's token is read, so the GPU never waits for the host
+// (printing, the next launch). A step queued past a BOS is computed and discarded.
+static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps, int (*on_token)(void *ctx, int token),
+                                void *ctx) {
+    GpuExec *g = GPU(e);
+    if (!g->opt.use_graph) return NOT_PIPELINED;
+    int next = gpu_op_argmax(e, logits), generated = 0;
+    for (int slot = 0;; slot ^= 1) {
+        pos++, generated++;
+        if (next == BOS) break;
+        if (on_token(ctx, next)) {
+            generated = -1;
+            break;
+        }
+        if (pos >= steps) break;
+        if (generated == 1) {   // the first step takes its inputs from the host (and captures the graph)
+            forward(e, &next, 1, pos, 0);
+            gpu_argmax_fetch(g->ctx, slot);
+        }
+        if (pos + 1 < steps) {   // the step after, on the token the device feeds it
+            gpu_graph_launch(g->ctx, g->graph);
+            gpu_argmax_fetch(g->ctx, slot ^ 1);
+        }
+        next = gpu_argmax_wait(g->ctx, slot);
+    }
+    g->argmax_ready = 0;
+    gpu_sync(g->ctx);
+    return generated;
 }
 
 static void gpu_op_release(Exec *e) {
@@ -500,17 +543,17 @@ static void gpu_op_release(Exec *e) {
 }
 
 static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
-                                  gpu_op_matmul_fused, gpu_op_qkv_fused, gpu_op_ffn_up_fused, gpu_op_rope_store,
-                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+                                  gpu_op_matmul_fused, gpu_op_qkv_rope_fused, gpu_op_ffn_up_fused, NULL,
+                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                     gpu_op_rmsnorm, gpu_op_matmul_unfused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                  gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
-                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
 static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                  gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_release};
+                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
 
 // The linear weights: the 7 per-layer arrays (one block) and the classifier.
 static int n_linear(const Config *c) { return 7 * c->n_layers + 1; }
@@ -955,6 +998,35 @@ static const float *prefill(Exec *e, const int *tokens, int n, int pos) {
     return logits;
 }
 
+// Prints each token of a pipelined decode after the one before it.
+typedef struct {
+    const Tokenizer *tok;
+    int prev;
+    char *err;
+} Printer;
+
+static int print_token(void *ctx, int token) {
+    Printer *p = ctx;
+    int rc = emit(decode(p->tok, p->prev, token), p->err);
+    p->prev = token;
+    return rc;
+}
+
+// Samples from logits (of position pos) on, one forward per token, until BOS or position steps.
+// Returns the tokens generated, or -1 if printing failed.
+static int decode_loop(Exec *e, Sampler *sampler, const float *logits, int pos, int steps, Printer *pr) {
+    int generated = 0;
+    while (pos < steps) {
+        int next = sample(sampler, e, logits);
+        pos++;
+        generated++;
+        if (next == BOS) break;
+        if (print_token(pr, next)) return -1;
+        if (pos < steps) logits = forward(e, &next, 1, pos, 0);
+    }
+    return generated;
+}
+
 // llama2.c's generate: `steps` positions in all, prompt included; stops early at BOS.
 // The prompt is echoed as it is consumed.
 static int generate(Exec *e, const Tokenizer *tok, Sampler *sampler, const char *prompt, int steps, GenStats *st,
@@ -975,20 +1047,14 @@ static int generate(Exec *e, const Tokenizer *tok, Sampler *sampler, const char 
     long t1 = time_in_us();
     for (int i = 1; i < n; i++)
         if (emit(decode(tok, tokens[i - 1], tokens[i]), err)) goto fail;
-    int token = tokens[n - 1], generated = 0;
-    double kv_bytes = 0;
-    for (int pos = n - 1; pos < steps;) {
-        int next = sample(sampler, e, logits);
-        pos++;
-        generated++;
-        if (next == BOS) break;
-        if (emit(decode(tok, token, next), err)) goto fail;
-        token = next;
-        if (pos < steps) {
-            logits = forward(e, &token, 1, pos, 0);
-            kv_bytes += kv_bytes_at(e, pos);
-        }
-    }
+    int generated = NOT_PIPELINED;
+    Printer pr = {tok, tokens[n - 1], err};
+    if (sampler->temperature == 0.0f && e->ops->decode_greedy)
+        generated = e->ops->decode_greedy(e, logits, n - 1, steps, print_token, &pr);
+    if (generated == NOT_PIPELINED) generated = decode_loop(e, sampler, logits, n - 1, steps, &pr);
+    if (generated < 0) goto fail;
+    double kv_bytes = 0;   // the decode steps ran at positions n .. n + generated - 2
+    for (int pos = n; pos < n - 1 + generated; pos++) kv_bytes += kv_bytes_at(e, pos);
     if (emit("\n", err)) goto fail;
     *st = (GenStats){n, generated, (t1 - t0) / 1e6, (time_in_us() - t1) / 1e6, kv_bytes};
     free(tokens);

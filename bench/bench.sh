@@ -1,7 +1,9 @@
 #!/bin/sh
 # End-to-end decode benchmark on the GPU machine: synthetic checkpoints with real shapes (random
-# weights), batch 1, a short prompt then up to 256 new tokens, greedy; one run per row.
-# Prints decode tokens/s, ms/token, weight bytes/token and effective bandwidth against 4480 GB/s.
+# weights), batch 1, greedy, one run per row. Bytes per token = weights (and scales) as the path
+# holds them + the KV cache the decode steps actually read (mean over the steps); effective GB/s =
+# that x tokens/s, against the H200's 4480 GB/s.
+#   sh bench/bench.sh            all rows       BENCH_QUICK=1: the 7B paths and small models only
 set -eu
 cd "$(dirname "$0")/.."
 out=${BENCH_DIR:-bench/out}
@@ -12,37 +14,56 @@ synth() {   # name [--fp32]
     [ -f "$f" ] || ./quantize --synthetic "$1" ${2:-} "$f" 2>/dev/null
     echo "$f"
 }
-prompt="Once upon a time"
-row() {   # label, model, steps, extra flags
-    ./run "$2" -z tokenizer.bin -p "$prompt" -n "$3" -t 0 $4 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
+# A prompt of about n tokens (tokenizer.bin: each repeat of the sentence is 8 tokens).
+prompt_of() { awk -v n="$1" 'BEGIN { for (i = 0; i < n / 8; i++) printf "The cat sat on the mat. "; }'; }
+rows="$out/rows.txt"; : > "$rows"
+row() {   # label, model, positions (-n), prompt, extra flags
+    ./run "$2" -z tokenizer.bin -p "$4" -n "$3" -t 0 $5 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
     grep -q "device gpu" "$out/run.err" || { echo "bench: not on the GPU:"; cat "$out/run.err"; exit 1; }
     awk -v label="$1" '/decode/ {
         for (i = 1; i <= NF; i++) {
             if ($(i+1) == "tok/s;" && $(i-1) == "decode") tps = $i
-            if ($(i+1) == "GB/token,") gb = $i
+            if ($(i-1) == "weights") w = $i
+            if ($(i-1) == "cache") kv = $i
+            if ($i == "prompt") p = $(i+1)
             if ($i == "generated") gen = $(i+1)
         }
         sub(/;/, "", gen)
-        printf "%-44s %6s %10.1f %9.3f %8.3f %9.0f %6.1f%%\n", label, gen, tps, 1000 / tps, gb, gb * tps, gb * tps / 4480 * 100
-    }' "$out/run.err"
+        printf "%s|%d|%d|%.2f|%.4f|%.4f\n", label, p, gen, tps, w, kv
+    }' "$out/run.err" | tee -a "$rows" | awk -F'|' '{ gb = $5 + $6
+        printf "%-46s %6d %6d %9.1f %8.3f %7.3f %7.3f %8.0f %6.1f%%\n", $1, $2, $3, $4, 1000 / $4, $5, $6, gb * $4, gb * $4 / 44.80 }'
 }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-printf "%-44s %6s %10s %9s %8s %9s %7s\n" "model, path" "tokens" "tok/s" "ms/tok" "GB/tok" "GB/s" "of 4480"
-q8=$(synth llama2-7b) f32=$(synth llama2-7b --fp32)
-row "llama2-7b int8 fused (default)" "$q8" 261 "" | tee "$out/fused.row"
-row "llama2-7b int8 fused, no CUDA graph" "$q8" 261 "--no-graph"
-row "llama2-7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "--unfused" | tee "$out/unfused.row"
-row "llama2-7b fp32 cuBLAS" "$f32" 261 "" | tee "$out/fp32.row"
-awk 'FNR == 1 { t[FILENAME] = $(NF-4) } END {
-    for (f in t) if (f ~ /\/fused.row$/) fu = t[f]; else if (f ~ /unfused/) un = t[f]; else fp = t[f]
-    printf "llama2-7b: fused / unfused %.2fx, fused / fp32 cuBLAS %.2fx\n", fu / un, fu / fp }' "$out/fused.row" "$out/unfused.row" "$out/fp32.row"
-row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 ""
-row "stories110m int8 fused" "$(synth stories110m)" 261 ""
-row "stories15m int8 fused" "$(synth stories15m)" 256 ""
-row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "--no-graph"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version --format=csv
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+printf "%-46s %6s %6s %9s %8s %7s %7s %8s %7s\n" "model, path" "prompt" "gen" "tok/s" "ms/tok" "GB w" "GB kv" "GB/s" "of 4480"
+p5="Once upon a time"
+q8=$(synth llama2-7b)
+row "7b int8 fused (graph, PDL, FP16 KV)" "$q8" 261 "$p5" ""
+row "7b int8 fused, no PDL" "$q8" 261 "$p5" "--no-pdl"
+row "7b int8 fused, no CUDA graph" "$q8" 261 "$p5" "--no-graph"
+row "7b int8 fused, FP32 KV cache" "$q8" 261 "$p5" "--kv-fp32"
+row "7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "$p5" "--unfused"
+row "7b --fp16 (cuBLAS, converted at load)" "$q8" 261 "$p5" "--fp16"
+if [ -z "${BENCH_QUICK:-}" ]; then
+    row "7b fp32 cuBLAS" "$(synth llama2-7b --fp32)" 261 "$p5" ""
+    for ctx in 128 1024 4096; do
+        p=$p5; [ $ctx -gt 128 ] && p=$(prompt_of $((ctx - 200)))
+        row "7b int8 fused, context $ctx" "$q8" $ctx "$p" ""
+        [ $ctx -eq 4096 ] && row "7b int8 fused, context $ctx, FP32 KV" "$q8" $ctx "$p" "--kv-fp32"
+    done
+fi
+row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
+row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
+row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
+row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
 if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null
     ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"
-    awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused (real model): " $i " tok/s decode" }' "$out/run.err"
+    awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
 fi
+# speedups of the default fused path over the baselines, same run
+awk -F'|' '{ t[$1] = $4 } END {
+    f = t["7b int8 fused (graph, PDL, FP16 KV)"]
+    printf "7b speedup of fused: %.2fx over --unfused, %.2fx over --fp16 cuBLAS", f / t["7b int8 --unfused (dequant + cuBLAS)"], f / t["7b --fp16 (cuBLAS, converted at load)"]
+    if (t["7b fp32 cuBLAS"]) printf ", %.2fx over fp32 cuBLAS", f / t["7b fp32 cuBLAS"]
+    printf "\n" }' "$rows"

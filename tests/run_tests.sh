@@ -1,6 +1,7 @@
 #!/bin/sh
 # The test suite: the unit and end-to-end tests in tests/test_run (ASan + UBSan build), then the
-# command-line checks below through the real binaries. Ends with "N passed, N failed, N skipped".
+# command-line checks below through the real binaries (RUN and QUANTIZE name other builds of them:
+# make test-asan), then the fuzzers' regression inputs. Ends with "N passed, N failed, N skipped".
 set -u
 cd "$(dirname "$0")/.."
 pass=0 fail=0 skip=0
@@ -8,12 +9,13 @@ ok()   { echo "PASS $1"; pass=$((pass + 1)); }
 bad()  { echo "FAIL $1: $2"; fail=$((fail + 1)); }
 skp()  { echo "SKIP $1: $2"; skip=$((skip + 1)); }
 tmp=$(mktemp -d)
+RUN=${RUN:-./run} QUANTIZE=${QUANTIZE:-./quantize}
 # CUDA maps device memory where ASan keeps its shadow gap; nothing else changes
 export ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0}
 trap 'rm -rf "$tmp"' EXIT
 
 # 1. tests/test_run: count its PASS/FAIL/SKIP lines (a crash counts as a failure)
-./tests/test_run models > "$tmp/unit.log" 2>&1
+./tests/test_run ${TEST_RUN_FLAGS:-} models > "$tmp/unit.log" 2>&1
 rc=$?
 grep -E '^(FAIL|SKIP)' "$tmp/unit.log"
 p=$(grep -c '^PASS' "$tmp/unit.log"); f=$(grep -c '^FAIL' "$tmp/unit.log"); s=$(grep -c '^SKIP' "$tmp/unit.log")
@@ -32,45 +34,63 @@ expect_error() {   # name keyword command...
 M=models/stories260K.bin T=models/tok512.bin
 printf 'abc' > "$tmp/short.bin"
 head -c 500000 $M > "$tmp/trunc.bin"
-expect_error "run: missing checkpoint" "cannot open" ./run "$tmp/nope.bin" -z $T --device cpu
-expect_error "run: 3-byte checkpoint" "$tmp/short.bin" ./run "$tmp/short.bin" -z $T --device cpu
-expect_error "run: truncated checkpoint" "truncated" ./run "$tmp/trunc.bin" -z $T --device cpu
-expect_error "run: wrong tokenizer for the vocabulary" "tokenizer.bin" ./run $M -z tokenizer.bin --device cpu
-expect_error "run: truncated tokenizer" "trunc" sh -c "head -c 3000 $T > $tmp/tok.bin && ./run $M -z $tmp/tok.bin --device cpu"
-expect_error "run: bad -n" "-n" ./run $M -z $T -n abc
-expect_error "run: negative temperature" "-t" ./run $M -z $T -t -1
-expect_error "run: top-p above 1" "top-p" ./run $M -z $T --top-p 1.5
-expect_error "run: NaN temperature" "-t" ./run $M -z $T -t nan
-expect_error "run: bad --device" "device" ./run $M -z $T --device tpu
+expect_error "run: missing checkpoint" "cannot open" $RUN "$tmp/nope.bin" -z $T --device cpu
+expect_error "run: 3-byte checkpoint" "$tmp/short.bin" $RUN "$tmp/short.bin" -z $T --device cpu
+expect_error "run: truncated checkpoint" "truncated" $RUN "$tmp/trunc.bin" -z $T --device cpu
+expect_error "run: wrong tokenizer for the vocabulary" "tokenizer.bin" $RUN $M -z tokenizer.bin --device cpu
+expect_error "run: truncated tokenizer" "trunc" sh -c "head -c 3000 $T > $tmp/tok.bin && $RUN $M -z $tmp/tok.bin --device cpu"
+expect_error "run: bad -n" "-n" $RUN $M -z $T -n abc
+expect_error "run: negative temperature" "-t" $RUN $M -z $T -t -1
+expect_error "run: top-p above 1" "top-p" $RUN $M -z $T --top-p 1.5
+expect_error "run: NaN temperature" "-t" $RUN $M -z $T -t nan
+expect_error "run: bad --device" "device" $RUN $M -z $T --device tpu
 long=$(awk 'BEGIN { for (i = 0; i < 300; i++) printf "the cat sat on the mat and "; }')
-expect_error "run: prompt longer than the context" "longer than the model's context" ./run $M -z $T -p "$long" --device cpu
-expect_error "run: prompt longer than -n" "-n allows" ./run $M -z $T -p "Once upon a time there was" -n 3 --device cpu
+expect_error "run: prompt longer than the context" "longer than the model's context" $RUN $M -z $T -p "$long" --device cpu
+expect_error "run: prompt longer than -n" "-n allows" $RUN $M -z $T -p "Once upon a time there was" -n 3 --device cpu
 if [ -f models/stories260K_q80_gs8.v2.bin ]; then
-    expect_error "run: llama2.c v2 file with row-straddling groups" "straddle" ./run models/stories260K_q80_gs8.v2.bin -z $T --device cpu
+    expect_error "run: llama2.c v2 file with row-straddling groups" "straddle" $RUN models/stories260K_q80_gs8.v2.bin -z $T --device cpu
 else skp "run: llama2.c v2 file with row-straddling groups" "models/stories260K_q80_gs8.v2.bin not present"; fi
-expect_error "run: --ppl on a missing file" "cannot open" ./run $M -z $T --ppl "$tmp/none.txt" --device cpu
-expect_error "quantize: INT8 input" "already INT8" ./quantize models/stories260K_q8.bin "$tmp/x.bin"
-expect_error "quantize: truncated input" "truncated" ./quantize "$tmp/trunc.bin" "$tmp/x.bin"
-expect_error "quantize: group size 0" "-g" ./quantize $M "$tmp/x.bin" -g 0
-expect_error "quantize: bad synthetic shape" "synthetic" ./quantize --synthetic 64,1,1 "$tmp/x.bin"
-expect_error "quantize: impossible synthetic shape" "n_heads" ./quantize --synthetic 64,100,1,5,5,100,16 "$tmp/x.bin"
+expect_error "run: --ppl on a missing file" "cannot open" $RUN $M -z $T --ppl "$tmp/none.txt" --device cpu
+expect_error "quantize: INT8 input" "already INT8" $QUANTIZE models/stories260K_q8.bin "$tmp/x.bin"
+expect_error "quantize: truncated input" "truncated" $QUANTIZE "$tmp/trunc.bin" "$tmp/x.bin"
+expect_error "quantize: group size 0" "-g" $QUANTIZE $M "$tmp/x.bin" -g 0
+expect_error "quantize: bad synthetic shape" "synthetic" $QUANTIZE --synthetic 64,1,1 "$tmp/x.bin"
+expect_error "quantize: impossible synthetic shape" "n_heads" $QUANTIZE --synthetic 64,100,1,5,5,100,16 "$tmp/x.bin"
+
+# 2b. resource faults: a context beyond seq_len, a disk that fills up or cannot be written, a
+#     closed stdout. quantize writes to a temporary file and renames it, so a failure leaves
+#     neither a partial output nor its temporary file, and an existing file is untouched.
+expect_error "run: -n beyond the model's context" "seq_len" $RUN $M -z $T -n 513 --device cpu
+$RUN $M -z $T --frobnicate 3 > /dev/null 2> "$tmp/err"
+if [ $? -eq 1 ] && head -1 "$tmp/err" | grep -q "unknown option" && grep -q Usage "$tmp/err"; then ok "run: unknown option: named, then the usage"
+else bad "run: unknown option: named, then the usage" "$(head -3 "$tmp/err")"; fi
+printf 'old' > "$tmp/keep.bin"
+expect_error "quantize: output over the file-size limit (full disk)" "cannot allocate" sh -c "ulimit -f 64; exec $QUANTIZE $M $tmp/keep.bin"
+if [ "$(cat "$tmp/keep.bin")" = old ] && [ -z "$(ls "$tmp" | grep 'keep.bin.tmp')" ]; then ok "quantize: a failed write leaves the old file and no temporary"
+else bad "quantize: a failed write leaves the old file and no temporary" "$(ls -l "$tmp")"; fi
+expect_error "quantize: output directory missing" "cannot create" $QUANTIZE $M "$tmp/no/such/dir/x.bin"
+expect_error "quantize: output in an unwritable place (/proc)" "cannot create" $QUANTIZE $M /proc/q8-test.bin
+{ $RUN $M -z $T -n 512 -t 0 --device cpu 2> "$tmp/pipe.err"; echo $? > "$tmp/pipe.rc"; } | :
+rc=$(cat "$tmp/pipe.rc")
+if [ "$rc" = 1 ] && grep -q "writing the output failed" "$tmp/pipe.err"; then ok "run: stdout closed early (SIGPIPE): message and exit 1"
+else bad "run: stdout closed early (SIGPIPE): message and exit 1" "exit $rc: $(head -c 300 "$tmp/pipe.err")"; fi
 
 # 3. FP32 on the CPU reproduces llama2.c's run.c (greedy, 256 steps, no prompt)
 ref=models/stories260K.greedy.txt
 if [ -f $ref ]; then
-    ./run $M -z $T -t 0 -n 256 --device cpu > "$tmp/greedy.txt" 2>/dev/null
+    $RUN $M -z $T -t 0 -n 256 --device cpu > "$tmp/greedy.txt" 2>/dev/null
     if cmp -s "$tmp/greedy.txt" $ref; then ok "stories260K fp32 greedy == llama2.c run.c output"
     else bad "stories260K fp32 greedy == llama2.c run.c output" "texts differ"; fi
 else skp "stories260K fp32 greedy == llama2.c run.c output" "$ref not present"; fi
 
 # 4. INT8 perplexity within 1% of FP32's on a fixed text, group sizes 128, 64, 32
-ppl() { ./run "$1" -z "$2" --ppl "$3" --device cpu 2>/dev/null | awk '/^perplexity/ { print $2 }'; }
+ppl() { $RUN "$1" -z "$2" --ppl "$3" --device cpu 2>/dev/null | awk '/^perplexity/ { print $2 }'; }
 for pair in "stories260K.bin models/tok512.bin tests/data/story.txt" "code15M.bin tokenizer.bin tests/data/code.txt"; do
     set -- $pair
     if [ ! -f "models/$1" ]; then skp "$1 int8 perplexity within 1% of fp32" "models/$1 not present"; continue; fi
     base=$(ppl "models/$1" "$2" "$3")
     for g in 128 64 32; do
-        ./quantize "models/$1" "$tmp/q.bin" -g $g > /dev/null
+        $QUANTIZE "models/$1" "$tmp/q.bin" -g $g > /dev/null
         q=$(ppl "$tmp/q.bin" "$2" "$3")
         name="$1 int8 gs $g perplexity within 1% of fp32 ($q vs $base on $3)"
         if awk -v a="$q" -v b="$base" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(b > 1 && d <= 0.01) }'; then ok "$name"
@@ -79,9 +99,19 @@ for pair in "stories260K.bin models/tok512.bin tests/data/story.txt" "code15M.bi
 done
 
 # 5. the demo: INT8 stories260K prints text and its statistics line
-./run models/stories260K_q8.bin -z $T -p "Once upon a time" -n 64 -s 7 > "$tmp/demo.txt" 2> "$tmp/demo.err"
+$RUN models/stories260K_q8.bin -z $T -p "Once upon a time" -n 64 -s 7 > "$tmp/demo.txt" 2> "$tmp/demo.err"
 if [ $? -eq 0 ] && [ "$(wc -c < "$tmp/demo.txt")" -gt 100 ] && grep -q "decode" "$tmp/demo.err"; then ok "demo: int8 stories260K generates"
 else bad "demo: int8 stories260K generates" "$(cat "$tmp/demo.err")"; fi
+
+# 6. the fuzzers' regression inputs (every crash they found, kept), replayed through gcc builds
+#    of the same targets under ASan + UBSan
+for t in model tokenizer encode run_args quantize_args; do
+    dir=tests/fuzz/regressions/$t
+    [ -d $dir ] && [ -n "$(ls $dir)" ] || continue
+    if make -s tests/fuzz/replay_$t > "$tmp/replay.log" 2>&1 && ./tests/fuzz/replay_$t $dir/* >> "$tmp/replay.log" 2>&1; then
+        ok "fuzz regressions of $t replayed clean ($(ls $dir | wc -l) inputs)"
+    else bad "fuzz regressions of $t" "$(tail -5 "$tmp/replay.log")"; fi
+done
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
