@@ -93,6 +93,7 @@ typedef struct {
 
 struct Exec {
     const Ops *ops;
+    char desc[160];     // the path and its options, for the statistics line
     Config cfg;
     int kv_bytes;       // bytes per KV cache element: 4 (FP32) or 2 (FP16)
     const Weights *w;   // host weights (CPU) or their device mirror (GPU)
@@ -297,6 +298,7 @@ static void *host_alloc(size_t bytes) { return xcalloc(bytes, 1); }
 static void cpu_exec_init(Exec *e, const Model *m) {
     memset(e, 0, sizeof *e);
     e->ops = &cpu_ops;
+    snprintf(e->desc, sizeof e->desc, "cpu");
     e->cfg = m->cfg;
     e->w = &m->w;
     e->kv_bytes = sizeof(float);
@@ -354,12 +356,19 @@ typedef struct {
     GpuPath path;   // how INT8 linear layers run (FP32 checkpoints: cuBLAS FP32, or FP16 with PATH_FP16)
     int use_graph;  // capture the decode step (M = 1) once as a CUDA graph, then replay it
     int kv_half;    // FP16 KV cache (else FP32)
-    int pdl;        // programmatic dependent launch between kernels
+    int pdl;        // programmatic dependent launch between kernels: 1, 0, or PDL_AUTO
 } GpuOptions;
+// Measured on the H200 (bench/NOTES.md): PDL speeds up small models' decode, whose kernels are
+// short (stories15m +25%), and slows the 7B's (-7%), whose GEMVs are long; AUTO takes it for
+// models under PDL_AUTO_BYTES of weights per token.
+#define PDL_AUTO -1
+#define PDL_AUTO_BYTES 1000000000.0
 #define GPU_UNAVAILABLE -1   // gpu_exec_init: no usable GPU; the caller may use the CPU
 #define GPU_TOO_SMALL -2     // the model does not fit; an error
 
 #ifdef HAVE_GPU
+static size_t weight_bytes_per_token(const Model *m, int fp16);   // (generation section)
+
 typedef struct {
     GpuCtx *ctx;
     Weights w;                  // device mirror of the model's Weights
@@ -630,6 +639,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
                  total_b / 1073741824.0);
         return GPU_TOO_SMALL;
     }
+    if (opt.pdl == PDL_AUTO) opt.pdl = weight_bytes_per_token(m, opt.path == PATH_FP16) < PDL_AUTO_BYTES;
     GpuExec *g = xcalloc(1, sizeof(GpuExec));
     g->model = m;
     g->opt = opt;
@@ -648,6 +658,8 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     memset(e, 0, sizeof *e);
     e->ops = opt.path == PATH_FP16 ? &gpu_fp16_ops : !m->quantized ? &gpu_fp32_ops
            : opt.path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
+    snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache", e->ops->name, opt.use_graph ? "CUDA graph" : "no graph",
+             opt.pdl ? "PDL" : "no PDL", 8 * kv_bytes);
     e->cfg = *p;
     e->kv_bytes = kv_bytes;
     e->w = &g->w;
@@ -1145,7 +1157,7 @@ static int parse_float(const char *flag, const char *s, float lo, float hi, floa
 
 // 0, or -1 (a bad value: the reason in err) or CLI_USAGE (err says what was not understood).
 static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
-    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, 1}};
+    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, PDL_AUTO}};
     if (argc < 2 || argv[1][0] == '-') {
         snprintf(err, ERR_LEN, "the first argument must be the checkpoint");
         return CLI_USAGE;
@@ -1159,6 +1171,7 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         if (!strcmp(f, "--no-graph")) { a->gpu.use_graph = 0; continue; }
         if (!strcmp(f, "--kv-fp32")) { a->gpu.kv_half = 0; continue; }
         if (!strcmp(f, "--no-pdl")) { a->gpu.pdl = 0; continue; }
+        if (!strcmp(f, "--pdl")) { a->gpu.pdl = 1; continue; }
         if (!v) {
             snprintf(err, ERR_LEN, "option \"%.100s\" is unknown or lacks its value", f);
             return CLI_USAGE;
@@ -1203,7 +1216,8 @@ static void usage(const char *why) {
             "  --fp16           GPU: weights converted to FP16 at load, cuBLAS (the unquantized baseline)\n"
             "  --kv-fp32        GPU: FP32 KV cache (default FP16)\n"
             "  --no-graph       GPU: launch every kernel from the host instead of replaying a CUDA graph\n"
-            "  --no-pdl         GPU: no programmatic dependent launch (each kernel waits for the last to end)\n"
+            "  --pdl, --no-pdl  GPU: programmatic dependent launch (a kernel starts while the last drains)\n"
+            "                   on or off (default: on for models under 1 GB of weights per token)\n"
             "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n",
             why);
     exit(1);
@@ -1265,7 +1279,7 @@ int main(int argc, char **argv) {
         rc = gpu_exec_init(&exec, &model, a.gpu, err);
         if (rc == GPU_TOO_SMALL) die(err);
         if (rc == 0) {
-            path_name = exec.ops->name;
+            path_name = exec.desc;
         } else {
             fprintf(stderr, "run: GPU unavailable (%s); using the CPU\n", err);
             a.device = "cpu";

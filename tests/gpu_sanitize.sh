@@ -10,8 +10,11 @@ CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/b
 pass=0 fail=0
 log=$(mktemp)
 q8=models/stories260K_q8.bin f32=models/stories260K.bin T=models/tok512.bin
-for tool in memcheck racecheck initcheck synccheck; do
-    for target in "tests/test_run_gpu --gpu-only --quick models" \
+# TOOLS: a subset of the tools; SUITE=0: the generations only, not the GPU test suite
+suite="tests/test_run_gpu --gpu-only --quick models"
+[ "${SUITE:-1}" = 0 ] && suite=""
+for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
+    for target in ${suite:+"$suite"} \
                   "./run $q8 -z $T -n 48 -t 0" "./run $q8 -z $T -n 48 -t 0 --no-graph --no-pdl" \
                   "./run $q8 -z $T -n 48 -t 0 --unfused" "./run $q8 -z $T -n 48 -t 0 --fp16" \
                   "./run $q8 -z $T -n 48 -t 0 --kv-fp32" "./run $f32 -z $T -n 48 -t 0"; do
