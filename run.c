@@ -825,6 +825,12 @@ static int encode_char(const Tokenizer *t, const char *ch, int *tokens, int *n, 
     return 0;
 }
 
+// The token whose piece is a's then b's, or -1. buf: room for two pieces.
+static int merge_of(const Tokenizer *t, int a, int b, char *buf) {
+    snprintf(buf, (size_t)t->max_token_length * 2 + 3, "%s%s", t->vocab[a], t->vocab[b]);
+    return str_lookup(buf, t);
+}
+
 // Encodes text into tokens (room for strlen(text) + 2): BOS if asked, a leading space as
 // sentencepiece's dummy prefix, characters, then the highest-scored merges until none applies.
 static int encode(const Tokenizer *t, const char *text, int bos, int *tokens, int *n_tokens, char *err) {
@@ -841,23 +847,25 @@ static int encode(const Tokenizer *t, const char *text, int bos, int *tokens, in
         if (encode_char(t, buf, tokens, &n, err)) goto fail;
         len = 0;
     }
+    // Merges, highest score first (the first such pair on ties), as llama2.c does. merge[i] is the
+    // token that merges tokens[i] and tokens[i + 1] (or -1): each pair is looked up once, and after
+    // a merge only the two pairs it changed, instead of every pair on every pass.
+    int *merge = xcalloc(n, sizeof(int));
+    for (int i = 0; i + 1 < n; i++) merge[i] = merge_of(t, tokens[i], tokens[i + 1], buf);
     for (;;) {
         float best_score = -1e10f;
-        int best_id = -1, best_idx = -1;
-        for (int i = 0; i + 1 < n; i++) {
-            snprintf(buf, (size_t)t->max_token_length * 2 + 3, "%s%s", t->vocab[tokens[i]], t->vocab[tokens[i + 1]]);
-            int id = str_lookup(buf, t);
-            if (id >= 0 && t->scores[id] > best_score) {
-                best_score = t->scores[id];
-                best_id = id;
-                best_idx = i;
-            }
-        }
+        int best_idx = -1;
+        for (int i = 0; i + 1 < n; i++)
+            if (merge[i] >= 0 && t->scores[merge[i]] > best_score) best_score = t->scores[merge[i]], best_idx = i;
         if (best_idx < 0) break;
-        tokens[best_idx] = best_id;
+        tokens[best_idx] = merge[best_idx];
         memmove(tokens + best_idx + 1, tokens + best_idx + 2, (n - best_idx - 2) * sizeof(int));
+        if (n - best_idx - 3 > 0) memmove(merge + best_idx + 1, merge + best_idx + 2, (n - best_idx - 3) * sizeof(int));
         n--;
+        if (best_idx > 0) merge[best_idx - 1] = merge_of(t, tokens[best_idx - 1], tokens[best_idx], buf);
+        if (best_idx + 1 < n) merge[best_idx] = merge_of(t, tokens[best_idx], tokens[best_idx + 1], buf);
     }
+    free(merge);
     free(buf);
     *n_tokens = n;
     return 0;
