@@ -758,8 +758,9 @@ static const char *check_linear(const float *y, const Mat *w, const float *x, in
 }
 
 static void test_gpu_linear(void) {
-    int Ks[] = {64, 172, 200, 4096, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 2, 3, 7, 16, 33, 100};
-    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+    int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 3, 33, 2, 7, 16, 100};
+    // --quick (instrumented runs): the first three K and M, every group size and N
+    for (size_t ki = 0; ki < (quick ? 3 : sizeof Ks / sizeof Ks[0]); ki++)
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
@@ -780,7 +781,7 @@ static void test_gpu_linear(void) {
                         fail_dequant = what;
                     }
                 gpu_free(dq);
-                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                for (size_t mi = 0; mi < (quick ? 3 : sizeof Ms / sizeof Ms[0]); mi++) {
                     int M = Ms[mi];
                     float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
@@ -806,7 +807,7 @@ static void test_gpu_linear(void) {
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
                 arena_free();
             }
-            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..100, vs float64", K, gs);
+            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : 100);
             check(!fail_fused, name, "%s", fail_fused);
             snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
             check(!fail_acc, name, "%s", fail_acc);
