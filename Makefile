@@ -63,7 +63,10 @@ bench/kernel_bench: bench/kernel_bench.cu kernels.o kernels.h model.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/kernel_bench.cu kernels.o -lcublas
 bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench
+	@mkdir -p bench/out
+	./bench/kernel_bench --across-m bench/out/across_m.csv
 	sh bench/bench.sh
+	-sh bench/plot.sh bench/out/across_m.csv
 
 clean:
 	rm -rf run quantize *.o tests/*.o tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*

@@ -323,6 +323,120 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     }
 }
 
+// ----------------------------------------------------------------------------
+// Fused dequant-GEMM on the tensor cores: y (M, N) = x16 (M, K) W^T with mma.sync m16n8k16
+// (FP16 inputs, FP32 accumulation). x16 is the layer input converted to FP16 once; W stays int8.
+//
+//   block: 16 rows of W x (8 * kTiles) tokens; its 8 warps split K in 64-wide steps (warp w takes
+//   steps w, w + 8, ...) and add their partial sums in shared memory at the end.
+//   grid.x: token blocks (fastest, so the blocks that read the same rows run together and share
+//   them through L2); grid.y: row blocks.
+//   Per step, lane (g = lane / 4, t = lane % 4) loads 16 weight bytes of row g and of row g + 8,
+//   bytes [16t, 16t + 16) of the step, and 16 x16 values of token g of each tile, the same k.
+//   The mma's k axis is permuted so that its step s takes bytes 16t + 4s .. 16t + 4s + 3 of each
+//   lane: A and B use the same permutation, which the dot product does not see, and every load is
+//   16 contiguous bytes. int8 -> fp16 is exact (|q| <= 127); each 64-wide step lies in one group
+//   (gs % 64 == 0), whose scale multiplies the step's partial sums in FP32.
+//   Error: only x's rounding to FP16 (relative 2^-11 per element), so |y - exact| is at most about
+//   4.9e-4 * sum_k |w x| plus FP32 accumulation.
+constexpr int kMmaWarps = 8, kMmaStep = 64;
+
+struct Q8MmaArgs {
+    const int8_t *q;    // (N, stride)
+    const float *s;     // (N, groups)
+    const __half *x;    // (M, K)
+    float *y;           // (M, N)
+    int M, N, K, stride, groups, gs, accumulate;
+};
+
+// Two int8 (bytes lo, lo + 1 of word) to an exact half2: each biased byte goes into the low
+// mantissa byte of 1024 (0x6400), then 1024 + 128 is subtracted.
+__device__ __forceinline__ uint32_t int8x2_to_half2(uint32_t word, int hi) {
+    const uint32_t biased = word ^ 0x80808080u;
+    const uint32_t h = __byte_perm(biased, 0x64646464u, hi ? 0x5342u : 0x5140u);
+    const __half2 v = __hsub2(*reinterpret_cast<const __half2 *>(&h), __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+// d += a (16 x 16, row) b (16 x 8, col), FP16 in, FP32 accumulate.
+__device__ __forceinline__ void mma_16816(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16 x16 values of one token from k on (zero past K or past the last token), as 8 half2 words.
+__device__ __forceinline__ void load_x16h(uint32_t out[8], const Q8MmaArgs &a, int token, int k) {
+    if (token < a.M && k + 16 <= a.K && a.K % 8 == 0) {
+        const uint4 *p = reinterpret_cast<const uint4 *>(a.x + (size_t)token * a.K + k);
+        const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
+        out[0] = v0.x, out[1] = v0.y, out[2] = v0.z, out[3] = v0.w, out[4] = v1.x, out[5] = v1.y, out[6] = v1.z, out[7] = v1.w;
+        return;
+    }
+    for (int i = 0; i < 8; i++) {
+        __half2 h = __halves2half2(__float2half(0.0f), __float2half(0.0f));
+        if (token < a.M && k + 2 * i < a.K) h.x = a.x[(size_t)token * a.K + k + 2 * i];
+        if (token < a.M && k + 2 * i + 1 < a.K) h.y = a.x[(size_t)token * a.K + k + 2 * i + 1];
+        out[i] = *reinterpret_cast<const uint32_t *>(&h);
+    }
+}
+
+template <int kTiles>
+__global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs a) {
+    __shared__ float part[kMmaWarps][16][8 * kTiles];   // each warp's partial sums: rows x tokens
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int tok0 = blockIdx.x * 8 * kTiles, row0 = blockIdx.y * 16;
+    const int ra = min(row0 + g, a.N - 1), rb = min(row0 + g + 8, a.N - 1);   // past N: repeat the last, never written
+    const int8_t *qa = a.q + (size_t)ra * a.stride, *qb = a.q + (size_t)rb * a.stride;
+    const float *sa = a.s + (size_t)ra * a.groups, *sb = a.s + (size_t)rb * a.groups;
+    pdl_wait_then_release();
+    float acc[kTiles][4];
+#pragma unroll
+    for (int i = 0; i < kTiles; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    const int steps = (a.stride + kMmaStep - 1) / kMmaStep;
+    for (int step = warp; step < steps; step += kMmaWarps) {
+        const int k = step * kMmaStep + 16 * t;   // this lane's 16 weights of the step
+        const bool in_row = k < a.stride;         // stride % 16 == 0: all 16 bytes or none
+        const int4 wa = in_row ? load_stream(qa + k) : make_int4(0, 0, 0, 0);
+        const int4 wb = in_row ? load_stream(qb + k) : make_int4(0, 0, 0, 0);
+        const int group = min(step * kMmaStep / a.gs, a.groups - 1);
+        const float sca = __ldg(sa + group), scb = __ldg(sb + group);
+        const uint32_t wa_w[4] = {(uint32_t)wa.x, (uint32_t)wa.y, (uint32_t)wa.z, (uint32_t)wa.w};
+        const uint32_t wb_w[4] = {(uint32_t)wb.x, (uint32_t)wb.y, (uint32_t)wb.z, (uint32_t)wb.w};
+#pragma unroll
+        for (int i = 0; i < kTiles; i++) {
+            uint32_t xw[8];
+            load_x16h(xw, a, tok0 + 8 * i + g, k);
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s4 = 0; s4 < 4; s4++)
+                mma_16816(d, int8x2_to_half2(wa_w[s4], 0), int8x2_to_half2(wb_w[s4], 0), int8x2_to_half2(wa_w[s4], 1),
+                          int8x2_to_half2(wb_w[s4], 1), xw[2 * s4], xw[2 * s4 + 1]);
+            acc[i][0] = fmaf(d[0], sca, acc[i][0]), acc[i][1] = fmaf(d[1], sca, acc[i][1]);
+            acc[i][2] = fmaf(d[2], scb, acc[i][2]), acc[i][3] = fmaf(d[3], scb, acc[i][3]);
+        }
+    }
+    // D fragment: d0, d1 = (row g, tokens 2t, 2t + 1), d2, d3 = (row g + 8, the same tokens)
+#pragma unroll
+    for (int i = 0; i < kTiles; i++) {
+        part[warp][g][8 * i + 2 * t] = acc[i][0], part[warp][g][8 * i + 2 * t + 1] = acc[i][1];
+        part[warp][g + 8][8 * i + 2 * t] = acc[i][2], part[warp][g + 8][8 * i + 2 * t + 1] = acc[i][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8 * kTiles; i += blockDim.x) {
+        const int r = i / (8 * kTiles), c = i % (8 * kTiles), row = row0 + r, token = tok0 + c;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; w++) sum += part[w][r][c];
+        if (row < a.N && token < a.M) {
+            float *dst = a.y + (size_t)token * a.N + row;
+            *dst = a.accumulate ? *dst + sum : sum;
+        }
+    }
+}
+
 // dst (N, K) FP32, dense = W. One thread per 4 consecutive weights: a warp reads 128 contiguous
 // bytes and writes 512, so both directions stay coalesced.
 __global__ void dequant_kernel(float *__restrict__ dst, int N, int K, int stride, int groups, int gs,
@@ -889,6 +1003,33 @@ extern "C" void gpu_matmul_f16(GpuCtx *g, float *y, const float *x, int M, const
 extern "C" void gpu_to_half(GpuCtx *g, void *dst, const Mat *w) {
     launch(g, "to_half_kernel", to_half_kernel, dim3(ceil_div_i((long long)w->rows * w->cols, 256)), dim3(256), 0,
            (__half *)dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s, w->f);
+}
+
+// Token tiles of 8 per block: the power of two covering M, at most 8 (64 tokens a block).
+template <int kTiles>
+static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
+    dim3 grid(ceil_div_i(a.M, 8 * kTiles), ceil_div_i(a.N, 16));
+    launch(g, "q8_mma_kernel", q8_mma_kernel<kTiles>, grid, dim3(kMmaWarps * 32), 0, a);
+}
+
+// grid.y holds the row blocks: at most 65535 of 16 rows
+extern "C" int gpu_matmul_q8_mma_supported(const Mat *w) {
+    return w->q && w->gs % kMmaStep == 0 && w->rows <= 65535 * 16;
+}
+
+extern "C" void gpu_matmul_q8_mma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    if (!gpu_matmul_q8_mma_supported(w) || (size_t)M * w->cols > g->half_floats) {
+        fprintf(stderr, "run: tensor-core matmul: group size %d (needs a multiple of %d) or %d x %d inputs (scratch %zu)\n",
+                w->gs, kMmaStep, M, w->cols, g->half_floats);
+        exit(1);
+    }
+    launch(g, "float_to_half_kernel", float_to_half_kernel, dim3(ceil_div_i((long long)M * w->cols, 256)), dim3(256), 0,
+           g->x_half, x, M * w->cols);
+    const Q8MmaArgs a = {w->q, w->s, g->x_half, y, M, w->rows, w->cols, w->stride, w->groups, w->gs, accumulate};
+    if (M <= 8) launch_q8_mma<1>(g, a);
+    else if (M <= 16) launch_q8_mma<2>(g, a);
+    else if (M <= 32) launch_q8_mma<4>(g, a);
+    else launch_q8_mma<8>(g, a);
 }
 
 extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {

@@ -55,6 +55,12 @@ void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Ma
                             void *key_cache, void *value_cache, int head_size, int kv_half);
 // h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
 void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3);
+// The same product on the tensor cores (mma.sync, FP16 inputs, FP32 accumulation): x converted to
+// FP16 once into the context's half scratch (half_floats >= M * K), W int8 dequantized exactly to
+// FP16 in registers, each 64-wide step's partial sums scaled in FP32. Error: x's rounding to FP16,
+// at most about 4.9e-4 * sum_k |w x| per output. Needs gs % 64 == 0 (supported() says).
+int gpu_matmul_q8_mma_supported(const Mat *w);
+void gpu_matmul_q8_mma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
 void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);   // INT8 -> FP32 (N, K) dense
 void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw, int accumulate);
 void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);   // dequant + cuBLAS

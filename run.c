@@ -357,6 +357,7 @@ typedef struct {
     int use_graph;  // capture the decode step (M = 1) once as a CUDA graph, then replay it
     int kv_half;    // FP16 KV cache (else FP32)
     int pdl;        // programmatic dependent launch between kernels: 1, 0, or PDL_AUTO
+    int tensor_cores;   // batches of more than TC_MIN_TOKENS tokens on the tensor-core kernel
 } GpuOptions;
 // Measured on the H200 (bench/NOTES.md): PDL speeds up small models' decode, whose kernels are
 // short (stories15m +25%), and slows the 7B's (-7%), whose GEMVs are long; AUTO takes it for
@@ -443,10 +444,18 @@ static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w,
 }
 
 // The paths differ only here: how a linear layer is done.
+// Batches of more than TC_MIN_TOKENS tokens (prefill) take the tensor-core kernel where the group
+// size allows; fewer (decode) the SIMT GEMV, which streams the weights with fewer instructions.
+#define TC_MIN_TOKENS 8
+static int use_tensor_cores(const Exec *e, int M, const Mat *w) {
+    return M > TC_MIN_TOKENS && GPU(e)->opt.tensor_cores && gpu_matmul_q8_mma_supported(w);
+}
+
 static void gpu_linear(Exec *e, float *out, const float *in, int M, const Mat *w, int acc, int fused) {
     GpuCtx *c = GPU(e)->ctx;
     if (w->h) gpu_matmul_f16(c, out, in, M, w->h, w->rows, w->cols, acc);
     else if (w->f) gpu_matmul_f32(c, out, in, M, w->f, w->rows, w->cols, w->stride, acc);
+    else if (fused && use_tensor_cores(e, M, w)) gpu_matmul_q8_mma(c, out, in, M, w, acc);
     else if (fused) gpu_matmul_q8_fused(c, out, in, M, w, acc);
     else gpu_matmul_q8_unfused(c, out, in, M, w, acc);
 }
@@ -458,12 +467,20 @@ static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, c
 }
 // forward-declared: the layer's slice of a KV cache
 static void *layer_cache(const Exec *e, void *cache, int layer);
+static void gpu_op_rope_store(Exec *e, int layer, int M, int pos);
 static void gpu_op_qkv_rope_fused(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
+    if (use_tensor_cores(e, M, wq)) {   // prefill: three tensor-core launches, then RoPE + store
+        qkv_by_matmul(e, layer, in, M, wq, wk, wv);
+        gpu_op_rope_store(e, layer, M, 0);
+        return;
+    }
     gpu_matmul_q8_qkv_rope(GPU(e)->ctx, e->s.q, in, M, wq, wk, wv, layer_cache(e, e->s.key_cache, layer),
                            layer_cache(e, e->s.value_cache, layer), e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half);
 }
+static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3);
 static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
-    gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
+    if (use_tensor_cores(e, M, w1)) gpu_op_ffn_up_separate(e, in, M, w1, w3);   // prefill
+    else gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
 }
 static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
     e->ops->matmul(e, e->s.hb, in, M, w1, 0);
@@ -627,7 +644,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     size_t kv = 2 * z.cache * kv_bytes;
     size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
     size_t scratch = m->quantized && opt.path == PATH_UNFUSED ? largest : 0, free_b, total_b;
-    size_t half_in = opt.path == PATH_FP16 ? (size_t)MAX_BATCH * (p->dim > p->hidden_dim ? p->dim : p->hidden_dim) : 0;
+    size_t half_in = (size_t)MAX_BATCH * (p->dim > p->hidden_dim ? p->dim : p->hidden_dim);   // FP16 inputs: --fp16, tensor cores
     size_t need = weights + kv + acts + scratch * sizeof(float) + half_in * 2 + ((size_t)512 << 20);   // + cuBLAS, context
     gpu_mem_info(&free_b, &total_b);
     if (need > free_b) {
@@ -1165,7 +1182,7 @@ static int parse_float(const char *flag, const char *s, float lo, float hi, floa
 
 // 0, or -1 (a bad value: the reason in err) or CLI_USAGE (err says what was not understood).
 static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
-    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, PDL_AUTO}};
+    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, PDL_AUTO, 1}};
     if (argc < 2 || argv[1][0] == '-') {
         snprintf(err, ERR_LEN, "the first argument must be the checkpoint");
         return CLI_USAGE;
@@ -1180,6 +1197,7 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         if (!strcmp(f, "--kv-fp32")) { a->gpu.kv_half = 0; continue; }
         if (!strcmp(f, "--no-pdl")) { a->gpu.pdl = 0; continue; }
         if (!strcmp(f, "--pdl")) { a->gpu.pdl = 1; continue; }
+        if (!strcmp(f, "--no-tc")) { a->gpu.tensor_cores = 0; continue; }
         if (!v) {
             snprintf(err, ERR_LEN, "option \"%.100s\" is unknown or lacks its value", f);
             return CLI_USAGE;
@@ -1224,6 +1242,7 @@ static void usage(const char *why) {
             "  --fp16           GPU: weights converted to FP16 at load, cuBLAS (the unquantized baseline)\n"
             "  --kv-fp32        GPU: FP32 KV cache (default FP16)\n"
             "  --no-graph       GPU: launch every kernel from the host instead of replaying a CUDA graph\n"
+            "  --no-tc          GPU: prefill batches on the SIMT kernel instead of the tensor cores\n"
             "  --pdl, --no-pdl  GPU: programmatic dependent launch (a kernel starts while the last drains)\n"
             "                   on or off (default: on for models under 1 GB of weights per token)\n"
             "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n",

@@ -11,6 +11,7 @@
 // Each variant cycles through enough copies of its weights that L2 (60 MB) serves none of them;
 // times are the median over 15 runs of 40 back-to-back launches (CUDA events), random data.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -153,8 +154,156 @@ static int profile_once(int N, int K, int gs) {
     return 0;
 }
 
+// ----------------------------------------------------------------------------
+// --across-m: one 7B layer shape at M = 1 .. 512 through every path (issue: tensor-core GEMM):
+//   fused     gpu_matmul_q8_fused (SIMT, up to 8 tokens per block)
+//   fused-tc  gpu_matmul_q8_mma (tensor cores; x converted to FP16 inside, counted)
+//   deq+f32   dequant kernel to FP32 + cuBLAS SGEMM (the engine's --unfused)
+//   deq+f16   dequant kernel to FP16 + cuBLAS FP16 GEMM
+//   f16       cuBLAS on resident FP16 weights (x converted to FP16 inside, counted)
+//   bf16      cuBLAS on resident BF16 weights (x already BF16: the GEMM alone)
+//   f32       cuBLAS on resident FP32 weights
+//   deq       the dequant kernel alone
+//   tiled     a textbook shared-memory tiled FP32 GEMM on dequantized weights
+// Rows: time (us), TFLOP/s (2 M N K / time), GB/s (the weight bytes the path reads + x + y).
+
+// y (M, N) = x (M, K) W^T, W FP32 (N, K): 32 x 32 output tiles, 32-wide K tiles in shared memory,
+// one output per thread. The kernel every CUDA course writes first.
+__global__ void tiled_gemm(float *y, const float *x, const float *W, int M, int N, int K) {
+    __shared__ float xs[32][33], ws[32][33];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;   // 32 x 32 threads
+    const int m = blockIdx.y * 32 + ty, n = blockIdx.x * 32 + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        xs[ty][tx] = m < M && k0 + tx < K ? x[(size_t)m * K + k0 + tx] : 0.0f;
+        const int wn = blockIdx.x * 32 + ty;
+        ws[ty][tx] = wn < N && k0 + tx < K ? W[(size_t)wn * K + k0 + tx] : 0.0f;
+        __syncthreads();
+        for (int kk = 0; kk < 32; kk++) acc += xs[ty][kk] * ws[tx][kk];
+        __syncthreads();
+    }
+    if (m < M && n < N) y[(size_t)m * N + n] = acc;
+}
+
+__global__ void float_to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = __float2bfloat16(src[i]);
+}
+
+struct MCase {
+    GpuCtx *g;
+    cublasHandle_t blas;   // on the context's stream
+    int N, K, M;
+    std::vector<Mat> q8;
+    std::vector<float *> f32;
+    std::vector<__half *> f16;
+    std::vector<__nv_bfloat16 *> bf16;
+    float *x, *y, *deq32;
+    __half *deq16;
+    __nv_bfloat16 *x_bf16, *y_bf16_out;
+};
+
+static void m_fused(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
+static void m_tc(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_mma(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
+static void m_deq32(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
+static void m_deq16(int c, void *p) {
+    MCase *k = (MCase *)p;
+    gpu_to_half(k->g, k->deq16, &k->q8[c]);
+    gpu_matmul_f16(k->g, k->y, k->x, k->M, k->deq16, k->N, k->K, 0);
+}
+static void m_f16(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_f16(k->g, k->y, k->x, k->M, k->f16[c], k->N, k->K, 0); }
+static void m_bf16(int c, void *p) {
+    MCase *k = (MCase *)p;
+    const float one = 1.0f, zero = 0.0f;
+    CB(cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, k->N, k->M, k->K, &one, k->bf16[c], CUDA_R_16BF, k->K, k->x_bf16,
+                    CUDA_R_16BF, k->K, &zero, k->y, CUDA_R_32F, k->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+static void m_f32(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_f32(k->g, k->y, k->x, k->M, k->f32[c], k->N, k->K, k->K, 0); }
+static void m_deq(int c, void *p) { MCase *k = (MCase *)p; gpu_dequant(k->g, k->deq32, &k->q8[c]); }
+static void m_tiled(int c, void *p) {
+    MCase *k = (MCase *)p;
+    gpu_dequant(k->g, k->deq32, &k->q8[c]);
+    dim3 grid((k->N + 31) / 32, (k->M + 31) / 32);
+    tiled_gemm<<<grid, 1024, 0, (cudaStream_t)gpu_stream(k->g)>>>(k->y, k->x, k->deq32, k->M, k->N, k->K);
+    CK(cudaGetLastError());
+}
+
+static int across_m(int gs, const char *csv_path) {
+    const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
+    const int Ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    struct Path { const char *name; LaunchFn fn; int weight_bytes; } paths[] = {
+        {"fused", m_fused, 1}, {"fused-tc", m_tc, 1}, {"deq+f32", m_deq32, 9}, {"deq+f16", m_deq16, 5},
+        {"f16", m_f16, 2}, {"bf16", m_bf16, 2}, {"f32", m_f32, 4}, {"deq", m_deq, 5}, {"tiled", m_tiled, 9}};
+    FILE *csv = fopen(csv_path, "w");
+    if (!csv) { fprintf(stderr, "kernel_bench: cannot write %s\n", csv_path); return 1; }
+    fprintf(csv, "shape,M,path,us,tflops,gbs\n");
+    for (auto &sh : shapes) {
+        MCase k;
+        k.N = sh[0], k.K = sh[1];
+        size_t n = (size_t)k.N * k.K;
+        k.g = gpu_create(n, (size_t)512 * k.K);
+        CB(cublasCreate(&k.blas));
+        CB(cublasSetStream(k.blas, (cudaStream_t)gpu_stream(k.g)));
+        int stride = (k.K + 15) / 16 * 16, groups = (k.K + gs - 1) / gs;
+        size_t q_bytes = (size_t)k.N * stride, s_bytes = (size_t)k.N * groups * 4;
+        int copies = 3;   // rotated: 3 x 45 MB int8 (and 3 x 90 MB FP16) is past the 50 MB L2
+        for (int c = 0; c < copies; c++) {
+            int8_t *q = (int8_t *)dev_random(q_bytes + s_bytes, 7 + c);
+            float *sc = (float *)(q + q_bytes);
+            words_to_float<<<1024, 256>>>(sc, s_bytes / 4);
+            k.q8.push_back(Mat{k.N, k.K, stride, gs, groups, NULL, q, sc, NULL});
+            k.f32.push_back(dev_floats(n, 100 + c));
+            __half *h;
+            __nv_bfloat16 *b;
+            CK(cudaMalloc(&h, n * 2));
+            CK(cudaMalloc(&b, n * 2));
+            float_to_half<<<1024, 256>>>(h, k.f32[c], n);
+            float_to_bf16<<<1024, 256>>>(b, k.f32[c], n);
+            k.f16.push_back(h);
+            k.bf16.push_back(b);
+        }
+        k.x = dev_floats((size_t)512 * k.K, 3);
+        CK(cudaMalloc(&k.y, (size_t)512 * k.N * 4));
+        CK(cudaMalloc(&k.deq32, n * 4));
+        CK(cudaMalloc(&k.deq16, n * 2));
+        CK(cudaMalloc(&k.x_bf16, (size_t)512 * k.K * 2));
+        float_to_bf16<<<1024, 256>>>(k.x_bf16, k.x, (size_t)512 * k.K);
+        CK(cudaDeviceSynchronize());
+        printf("\n%d x %d, group size %d: us | TFLOP/s | GB/s (weight bytes as read + x + y)\n%5s", k.N, k.K, gs, "M");
+        for (auto &p : paths) printf(" | %-22s", p.name);
+        printf(" | fused-tc / f16\n");
+        for (int M : Ms) {
+            k.M = M;
+            printf("%5d", M);
+            double t_tc = 0, t_f16 = 0;
+            for (auto &p : paths) {
+                double us = time_us(p.fn, &k, copies, (cudaStream_t)gpu_stream(k.g));
+                double flops = 2.0 * M * n, bytes = (double)n * p.weight_bytes + (double)M * (k.K + k.N) * 4;
+                printf(" | %7.1f %6.1f %7.0f", us, flops / us / 1e6, bytes / us / 1e3);
+                fprintf(csv, "%dx%d,%d,%s,%.2f,%.3f,%.1f\n", k.N, k.K, M, p.name, us, flops / us / 1e6, bytes / us / 1e3);
+                if (!strcmp(p.name, "fused-tc")) t_tc = us;
+                if (!strcmp(p.name, "f16")) t_f16 = us;
+            }
+            printf(" | %.2fx\n", t_f16 / t_tc);
+        }
+        for (int c = 0; c < copies; c++) {
+            CK(cudaFree((void *)k.q8[c].q)), CK(cudaFree(k.f32[c])), CK(cudaFree(k.f16[c])), CK(cudaFree(k.bf16[c]));
+        }
+        CK(cudaFree(k.x)), CK(cudaFree(k.y)), CK(cudaFree(k.deq32)), CK(cudaFree(k.deq16)), CK(cudaFree(k.x_bf16));
+        CB(cublasDestroy(k.blas));
+        gpu_destroy(k.g);
+    }
+    fclose(csv);
+    printf("\n(the same figures: %s)\n", csv_path);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--profile")) return profile_once(atoi(argv[2]), atoi(argv[3]), 128);
+    if (argc >= 2 && !strcmp(argv[1], "--across-m")) {
+        char why[ERR_LEN];
+        if (gpu_probe(why)) { fprintf(stderr, "kernel_bench: %s\n", why); return 1; }
+        return across_m(128, argc >= 3 ? argv[2] : "bench/out/across_m.csv");
+    }
     int gs = argc > 1 ? atoi(argv[1]) : 128;
     const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096},
                              {2048, 2048}, {256, 2048},   {5632, 2048},  {2048, 5632}};

@@ -738,9 +738,10 @@ static void dev_poison(float *d, size_t n) {
     gpu_upload(d, nan, n * sizeof(float));
 }
 
-// y (M, N) vs the float64 reference: each element within 1e-5 of sum_k |w x| (FP32 accumulation
-// over up to 11008 terms), NaN (an unwritten output) fails. Returns the first failure or NULL.
-static const char *check_linear(const float *y, const Mat *w, const float *x, int M, char *what) {
+// y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
+// accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
+// failure or NULL.
+static const char *check_linear_tol(const float *y, const Mat *w, const float *x, int M, double rel, char *what) {
     for (int m = 0; m < M; m++)
         for (int r = 0; r < w->rows; r++) {
             double ref = 0, mag = 0;
@@ -749,13 +750,21 @@ static const char *check_linear(const float *y, const Mat *w, const float *x, in
                 ref += t, mag += fabs(t);
             }
             double err = fabs(y[(size_t)m * w->rows + r] - ref);
-            if (!(err <= 1e-5 * mag + 1e-30)) {
-                snprintf(what, 200, "M %d: y[%d][%d] = %g, reference %g (tolerance %.2e)", M, m, r, y[(size_t)m * w->rows + r], ref, 1e-5 * mag);
+            if (!(err <= rel * mag + 1e-30)) {
+                snprintf(what, 200, "M %d: y[%d][%d] = %g, reference %g (tolerance %.2e)", M, m, r, y[(size_t)m * w->rows + r], ref, rel * mag);
                 return what;
             }
         }
     return NULL;
 }
+
+static const char *check_linear(const float *y, const Mat *w, const float *x, int M, char *what) {
+    return check_linear_tol(y, w, x, M, 1e-5, what);
+}
+
+// The tensor-core kernel's bound: x rounded to FP16 (2^-11 = 4.88e-4 relative per element), plus
+// FP32 accumulation: 6e-4 of sum_k |w x|.
+#define MMA_REL_TOL 6e-4
 
 static void test_gpu_linear(void) {
     int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 3, 33, 2, 7, 16, 100};
@@ -764,7 +773,8 @@ static void test_gpu_linear(void) {
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
-            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL;
+            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL;
+            int mma = 0;
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int N = Ns[ni];
                 Mat h = random_mat(N, K, 1, gs, 1.0f / sqrtf(K));
@@ -786,13 +796,15 @@ static void test_gpu_linear(void) {
                     float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
                     float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
-                    for (int path = 0; path < 2; path++) {
+                    mma = gpu_matmul_q8_mma_supported(&d);
+                    for (int path = 0; path < (mma ? 3 : 2); path++) {
                         dev_poison(dy, (size_t)M * N);
                         if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 0);
-                        else gpu_matmul_q8_unfused(gctx, dy, dx, M, &d, 0);
+                        else if (path == 1) gpu_matmul_q8_unfused(gctx, dy, dx, M, &d, 0);
+                        else gpu_matmul_q8_mma(gctx, dy, dx, M, &d, 0);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                        const char **slot = path == 0 ? &fail_fused : &fail_unfused;
-                        if (!*slot) *slot = check_linear(y, &h, x, M, what);
+                        const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : &fail_mma;
+                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, path == 2 ? MMA_REL_TOL : 1e-5, what);
                     }
                     // accumulate: y0 + x W^T, from a random y0
                     float *y0 = talloc((size_t)M * N * sizeof(float));
@@ -802,6 +814,13 @@ static void test_gpu_linear(void) {
                     gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
                     if (!fail_acc) fail_acc = check_linear(y, &h, x, M, what);
+                    if (mma) {   // the tensor-core kernel's accumulate too (error of y0 + ... includes y0's rounding)
+                        gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
+                        gpu_matmul_q8_mma(gctx, dy, dx, M, &d, 1);
+                        gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
+                        for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
+                        if (!fail_mma) fail_mma = check_linear_tol(y, &h, x, M, MMA_REL_TOL + 1e-5, what);
+                    }
                     gpu_free(dx), gpu_free(dy);
                 }
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
@@ -815,6 +834,9 @@ static void test_gpu_linear(void) {
             check(!fail_unfused, name, "%s", fail_unfused);
             snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
             check(!fail_dequant, name, "%s", fail_dequant);
+            snprintf(name, sizeof name, "gpu tensor-core q8 matmul K=%d gs=%d, within 6e-4 sum|w x| (x in FP16)", K, gs);
+            if (gs % 64 == 0) check(mma && !fail_mma, name, "%s", mma ? fail_mma : "reported unsupported");
+            else check(!mma, name, "gs %d must be reported unsupported", gs);
         }
     // layer-sized shapes at M = 1
     int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
@@ -866,13 +888,14 @@ typedef struct {
     int int8_only;     // the --unfused path exists for INT8 weights only
 } GpuRun;
 static const GpuRun gpu_runs[] = {
-    {"graph", {PATH_FUSED, 1, 0, 1}, 1e-4, -1, 0},
-    {"no graph", {PATH_FUSED, 0, 0, 1}, 1e-4, 0, 0},
-    {"graph, no PDL", {PATH_FUSED, 1, 0, 0}, 1e-4, 0, 0},
-    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1}, 1e-4, -1, 1},
-    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1}, 1e-4, 3, 1},
-    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1}, 3e-3, -1, 0},
-    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1}, 1e-2, -1, 0},
+    {"graph", {PATH_FUSED, 1, 0, 1, 0}, 1e-4, -1, 0},
+    {"no graph", {PATH_FUSED, 0, 0, 1, 0}, 1e-4, 0, 0},
+    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0}, 1e-4, 0, 0},
+    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0}, 1e-4, -1, 1},
+    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0}, 1e-4, 3, 1},
+    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0}, 3e-3, -1, 0},
+    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1}, 3e-3, -1, 0},
+    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0}, 1e-2, -1, 0},
 };
 
 // Both executors over one file: logits of every position (batched prefill of `first`, then one by
@@ -997,7 +1020,7 @@ static void test_gpu_too_small(void) {
         return;
     }
     Exec e;
-    GpuOptions opt = {PATH_FUSED, 1, 1, 1};
+    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1};
     int rc = gpu_exec_init(&e, &m, opt, err);
     check(rc == GPU_TOO_SMALL && strstr(err, "GiB"), "gpu: a 176 GB checkpoint is refused (larger than GPU memory)",
           "rc %d: %s", rc, err);
@@ -1023,7 +1046,7 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    gctx = gpu_create((size_t)11008 * 130, 0);
+    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 100);
     test_gpu_linear();
     gpu_destroy(gctx);
     test_gpu_too_small();
