@@ -193,6 +193,7 @@ struct RopeStore {
     const int *inputs;   // [0]: the position of token 0; NULL: no RoPE, plain outputs
     void *kc, *vc;       // (seq_len, kv_dim) the layer's caches, FP16 if kv_half else FP32
     int head_size, kv_half;
+    size_t seq_stride;   // 0: token m at pos + m; else token m is sequence m's, at pos, caches this far apart
 };
 struct Q8Args {
     Q8Out out[3];
@@ -300,10 +301,10 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
         }
         if (lane != 0 || m0 + t >= a.M) continue;
         if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: the warp holds whole RoPE pairs
-            const int pos = a.rope.inputs[0] + m0 + t;
+            const int pos = a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m0 + t);
             if (j < 2) rope_rows<R>(v, row0, pos, a.rope.head_size);
             if (j > 0) {
-                const size_t at = (size_t)pos * o.N + row0;
+                const size_t at = (m0 + t) * a.rope.seq_stride + (size_t)pos * o.N + row0;
                 void *cache = j == 1 ? a.rope.kc : a.rope.vc;
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -536,11 +537,14 @@ __device__ __forceinline__ void rotate_pair(float *v, int i, float cs, float sn)
     v[i + 1] = v0 * sn + v1 * cs;
 }
 
+// seq_stride: 0, token m at pos + m of one cache; else token m is sequence m's, at pos, in a cache
+// seq_stride elements after sequence m - 1's.
 template <typename KV>
 __global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, KV *kc, KV *vc,
-                                  const int *__restrict__ inputs, int dim, int kv_dim, int head_size) {
+                                  const int *__restrict__ inputs, int dim, int kv_dim, int head_size, size_t seq_stride) {
     pdl_wait_then_release();
-    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + m;
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + (seq_stride ? 0 : m);
+    kc += m * seq_stride, vc += m * seq_stride;
     if (i >= dim) return;
     const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
     float sn, cs;
@@ -568,14 +572,15 @@ template <typename KV>
 __global__ void __launch_bounds__(kAttnThreads)
 attention_kernel(float *__restrict__ out, float *__restrict__ part, const float *__restrict__ q, const KV *__restrict__ kc,
                  const KV *__restrict__ vc, const int *__restrict__ inputs, int n_heads, int n_kv_heads, int head_size,
-                 int chunk) {
+                 int chunk, size_t seq_stride) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
     constexpr int n_warps = kAttnThreads / 32;
     float *qs = reinterpret_cast<float *>(smem4), *warp_acc = qs + head_size, *att = warp_acc + n_warps * head_size;
     const int h = blockIdx.x, split = blockIdx.y, splits = gridDim.y, m = blockIdx.z;
     pdl_wait_then_release();
-    const int last = inputs[0] + m, t0 = split * chunk, t1 = min(last + 1, t0 + chunk), dim = n_heads * head_size;
+    kc += m * seq_stride, vc += m * seq_stride;   // a batch: token m's own sequence (rope_store_kernel)
+    const int last = inputs[0] + (seq_stride ? 0 : m), t0 = split * chunk, t1 = min(last + 1, t0 + chunk), dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *my_part = part + (((size_t)m * n_heads + h) * splits + split) * (2 + head_size);
@@ -867,6 +872,10 @@ extern "C" void gpu_graph_free(GpuGraph *graph) {
 
 extern "C" void gpu_sync(GpuCtx *g) { CUDA_CHECK(cudaStreamSynchronize(g->stream)); }
 
+extern "C" void gpu_copy(GpuCtx *g, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g->stream));
+}
+
 // ----------------------------------------------------------------------------
 // Linear layers
 
@@ -933,12 +942,13 @@ extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, 
 }
 
 extern "C" void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk,
-                                       const Mat *wv, void *key_cache, void *value_cache, int head_size, int kv_half) {
+                                       const Mat *wv, void *key_cache, void *value_cache, int head_size, int kv_half,
+                                       size_t seq_stride) {
     static_assert(kRowsPerWarp % 2 == 0, "RoPE pairs must not straddle warps");
     const Mat *w[3] = {wq, wk, wv};
     float *y[3] = {q, NULL, NULL};
     Q8Args a = q8_args(x, M, 3, w, y, 0);
-    a.rope = (RopeStore){g->inputs, key_cache, value_cache, head_size, kv_half};
+    a.rope = (RopeStore){g->inputs, key_cache, value_cache, head_size, kv_half, seq_stride};
     launch_q8_any<false>(g, a);
 }
 
@@ -1054,14 +1064,14 @@ extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float 
 }
 
 extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M,
-                               int dim, int kv_dim, int head_size, int kv_half) {
+                               int dim, int kv_dim, int head_size, int kv_half, size_t seq_stride) {
     dim3 grid(ceil_div_i(dim / 2, 128), M);
     if (kv_half)
         launch(g, "rope_store_kernel", rope_store_kernel<__half>, grid, dim3(128), 0, q, k, v, (__half *)key_cache,
-               (__half *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size);
+               (__half *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size, seq_stride);
     else
         launch(g, "rope_store_kernel", rope_store_kernel<float>, grid, dim3(128), 0, q, k, v, (float *)key_cache,
-               (float *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size);
+               (float *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size, seq_stride);
 }
 
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
@@ -1081,7 +1091,7 @@ extern "C" size_t gpu_attention_part_floats(int M, int n_heads, int head_size, i
 
 extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q, const void *key_cache,
                               const void *value_cache, int M, int n_heads, int n_kv_heads, int head_size, int seq_len,
-                              int kv_half) {
+                              int kv_half, size_t seq_stride) {
     const int chunk = attention_chunk(seq_len), splits = ceil_div_i(seq_len, chunk);
     const size_t smem = (size_t)(9 * head_size + chunk) * sizeof(float);
     if (head_size > kMaxHeadSize || smem > kMaxSmem) {
@@ -1092,11 +1102,11 @@ extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q
     if (kv_half)
         launch(g, "attention_kernel", attention_kernel<__half>, grid, dim3(kAttnThreads), smem, out, part, q,
                (const __half *)key_cache, (const __half *)value_cache, (const int *)g->inputs, n_heads, n_kv_heads, head_size,
-               chunk);
+               chunk, seq_stride);
     else
         launch(g, "attention_kernel", attention_kernel<float>, grid, dim3(kAttnThreads), smem, out, part, q,
                (const float *)key_cache, (const float *)value_cache, (const int *)g->inputs, n_heads, n_kv_heads, head_size,
-               chunk);
+               chunk, seq_stride);
     if (splits > 1)
         launch(g, "attention_combine_kernel", attention_combine_kernel, dim3(n_heads, M), dim3(head_size), 0, out,
                (const float *)part, n_heads, head_size, splits);

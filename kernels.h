@@ -34,6 +34,7 @@ void gpu_free(void *p);
 void gpu_upload(void *dst, const void *src, size_t bytes);         // synchronous
 void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes);   // waits for the stream
 void gpu_sync(GpuCtx *g);
+void gpu_copy(GpuCtx *g, void *dst, const void *src, size_t bytes);   // device to device, on the stream
 
 // The inputs of the next forward step, kept in device memory so that a captured step replays at
 // any position: M token ids (checked by the caller) and the position of the first.
@@ -52,7 +53,7 @@ void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *
 // layer's caches (seq_len, kv_dim), FP16 if kv_half: gpu_rope_store's work without its launch.
 // q (M, dim) is written.
 void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk, const Mat *wv,
-                            void *key_cache, void *value_cache, int head_size, int kv_half);
+                            void *key_cache, void *value_cache, int head_size, int kv_half, size_t seq_stride);
 // h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
 void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3);
 // The same product on the tensor cores (mma.sync, FP16 inputs, FP32 accumulation): x converted to
@@ -76,13 +77,16 @@ void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb);   // x (M, dim) = em
 void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n);
 // RoPE on q (M, dim) and k (M, kv_dim), then k and v (M, kv_dim) stored at rows pos..pos+M-1 of
 // the layer's caches (seq_len, kv_dim), FP16 elements when kv_half, else FP32.
+// seq_stride (here and for the attention): 0, the M tokens are one sequence at pos..pos+M-1;
+// else token m is sequence m's (a batch of sequences), at pos, its caches seq_stride elements
+// after sequence m - 1's.
 void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M, int dim,
-                    int kv_dim, int head_size, int kv_half);
+                    int kv_dim, int head_size, int kv_half, size_t seq_stride);
 // out (M, n_heads * hs) = causal attention of q (M, n_heads * hs) at positions pos..pos+M-1 over
 // the layer's caches (seq_len, n_kv_heads * hs), split along the sequence; part: scratch of
 // gpu_attention_part_floats(M, ...) floats for the splits' partial results.
 void gpu_attention(GpuCtx *g, float *out, float *part, const float *q, const void *key_cache, const void *value_cache,
-                   int M, int n_heads, int n_kv_heads, int head_size, int seq_len, int kv_half);
+                   int M, int n_heads, int n_kv_heads, int head_size, int seq_len, int kv_half, size_t seq_stride);
 size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len);
 int gpu_attention_max_head_size(void);   // the largest head the attention kernel handles
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate

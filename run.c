@@ -55,8 +55,13 @@ typedef struct {
     float *hb, *hb2;                  // (MAX_BATCH, hidden_dim)
     float *att;                       // CPU: (seq_len) scores of one head
     float *logits;                    // (MAX_BATCH, vocab)
-    // (layer, seq_len, kv_dim): FP32 on the CPU; on the GPU FP16, or FP32 with --kv-fp32
+    // (n_seqs, layer, seq_len, kv_dim): FP32 on the CPU; on the GPU FP16, or FP32 with --kv-fp32.
+    // seq_len is the executor's context (cfg.seq_len, which batch runs may shorten).
     void *key_cache, *value_cache;
+    // The current forward's layout: 0, its M tokens are one sequence at positions pos..pos+M-1
+    // (cache 0); else token m is sequence m's, at position pos, its cache seq_stride elements
+    // after sequence m - 1's (batched decode).
+    size_t seq_stride;
 } RunState;
 
 // The operations forward() is written against. Positions and token ids are passed on every call;
@@ -87,6 +92,9 @@ typedef struct {
     // Each token goes to on_token (non-zero stops with -1); stops after BOS or at position steps.
     // Returns the tokens generated, -1, or NOT_PIPELINED where the caller should loop itself.
     int (*decode_greedy)(Exec *e, const float *logits, int pos, int steps, int (*on_token)(void *ctx, int token), void *ctx);
+    // Copies sequence 0's KV cache rows 0..rows-1 (every layer) to every other sequence: a prompt
+    // prefilled once for a batch
+    void (*copy_cache)(Exec *e, int rows);
     void (*release)(Exec *e);
 } Ops;
 #define NOT_PIPELINED -2
@@ -96,6 +104,7 @@ struct Exec {
     char desc[160];     // the path and its options, for the statistics line
     Config cfg;
     int kv_bytes;       // bytes per KV cache element: 4 (FP32) or 2 (FP16)
+    int n_seqs;         // sequences with a KV cache each (--batch)
     const Weights *w;   // host weights (CPU) or their device mirror (GPU)
     RunState s;
     void *priv;         // executor-private state (GPU)
@@ -184,6 +193,15 @@ static void cpu_ffn_up(Exec *e, const float *in, int M, const Mat *w1, const Mat
     }
 }
 
+// Token m's position and the offset (elements) of its sequence's cache for a layer, in the
+// current forward's layout (RunState.seq_stride).
+static int token_pos(const Exec *e, int pos, int m) { return e->s.seq_stride ? pos : pos + m; }
+static size_t cache_offset(const Exec *e, int layer, int m) {
+    const Config *p = &e->cfg;
+    size_t layer_elems = (size_t)p->seq_len * (p->dim / p->n_heads * p->n_kv_heads);
+    return (e->s.seq_stride ? m * e->s.seq_stride : 0) + layer * layer_elems;
+}
+
 // RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size); keys only cover
 // kv_dim. Same operations as llama2.c, so FP32 results match it bit for bit. Then the new keys
 // and values go into the cache rows pos..pos+M-1.
@@ -195,7 +213,7 @@ static void cpu_rope_store(Exec *e, int layer, int M, int pos) {
         for (int i = 0; i < dim; i += 2) {
             int head_dim = i % head_size;
             float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
-            float val = (pos + m) * freq, fcr = cosf(val), fci = sinf(val);
+            float val = token_pos(e, pos, m) * freq, fcr = cosf(val), fci = sinf(val);
             for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
                 float *vec = v == 0 ? q : k;
                 float v0 = vec[i], v1 = vec[i + 1];
@@ -204,9 +222,11 @@ static void cpu_rope_store(Exec *e, int layer, int M, int pos) {
             }
         }
     }
-    size_t at = ((size_t)layer * p->seq_len + pos) * kv_dim;
-    memcpy((float *)e->s.key_cache + at, e->s.k, (size_t)M * kv_dim * sizeof(float));
-    memcpy((float *)e->s.value_cache + at, e->s.v, (size_t)M * kv_dim * sizeof(float));
+    for (int m = 0; m < M; m++) {
+        size_t at = cache_offset(e, layer, m) + (size_t)token_pos(e, pos, m) * kv_dim;
+        memcpy((float *)e->s.key_cache + at, e->s.k + (size_t)m * kv_dim, kv_dim * sizeof(float));
+        memcpy((float *)e->s.value_cache + at, e->s.v + (size_t)m * kv_dim, kv_dim * sizeof(float));
+    }
 }
 
 static void softmax(float *x, int n) {
@@ -226,10 +246,10 @@ static void softmax(float *x, int n) {
 static void cpu_attention(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
     int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads, kv_mul = p->n_heads / p->n_kv_heads;
-    size_t loff = (size_t)layer * p->seq_len * kv_dim;
     float *att = e->s.att;
     for (int m = 0; m < M; m++) {
-        int last = pos + m;
+        int last = token_pos(e, pos, m);
+        size_t loff = cache_offset(e, layer, m);
         for (int h = 0; h < p->n_heads; h++) {
             const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
             for (int t = 0; t <= last; t++) {
@@ -263,6 +283,28 @@ static int argmax_row(const float *v, int n) {
 
 static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, e->cfg.vocab_size); }
 
+// The KV caches' bytes: of one layer's first `rows` positions, and of one sequence.
+static size_t layer_rows_bytes(const Exec *e, int rows) {
+    const Config *p = &e->cfg;
+    return (size_t)rows * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
+}
+static size_t seq_cache_bytes(const Exec *e) { return e->cfg.n_layers * layer_rows_bytes(e, e->cfg.seq_len); }
+
+// Calls copy(dst, src, bytes) for each layer's first rows of both caches, sequence 0 to the rest.
+static void for_each_cache_copy(Exec *e, int rows, void (*copy)(Exec *e, void *dst, const void *src, size_t bytes)) {
+    for (int b = 1; b < e->n_seqs; b++)
+        for (int l = 0; l < e->cfg.n_layers; l++) {
+            size_t at = l * layer_rows_bytes(e, e->cfg.seq_len), to = b * seq_cache_bytes(e) + at;
+            copy(e, (char *)e->s.key_cache + to, (char *)e->s.key_cache + at, layer_rows_bytes(e, rows));
+            copy(e, (char *)e->s.value_cache + to, (char *)e->s.value_cache + at, layer_rows_bytes(e, rows));
+        }
+}
+static void host_copy(Exec *e, void *dst, const void *src, size_t bytes) {
+    (void)e;
+    memcpy(dst, src, bytes);
+}
+static void cpu_copy_cache(Exec *e, int rows) { for_each_cache_copy(e, rows, host_copy); }
+
 static void cpu_release(Exec *e) {
     RunState *s = &e->s;
     void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
@@ -270,22 +312,24 @@ static void cpu_release(Exec *e) {
 }
 
 static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, qkv_by_matmul, cpu_ffn_up,
-                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, NULL, cpu_release};
+                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, NULL, cpu_copy_cache, cpu_release};
 
 // Sizes of the RunState buffers, in floats, shared by both executors' allocations.
 typedef struct {
     size_t x, kv, hidden, logits, cache;
 } StateSizes;
 
+// cache: one sequence's; n_seqs of them are allocated.
 static StateSizes state_sizes(const Config *p) {
     size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads;
     return (StateSizes){(size_t)MAX_BATCH * p->dim, MAX_BATCH * kv_dim, (size_t)MAX_BATCH * p->hidden_dim,
                         (size_t)MAX_BATCH * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
 }
 
-// kv_bytes: bytes per KV cache element (4: FP32, 2: FP16).
-static void alloc_state(RunState *s, const Config *p, int kv_bytes, void *(*alloc)(size_t bytes)) {
+// kv_bytes: bytes per KV cache element (4: FP32, 2: FP16); n_seqs caches.
+static void alloc_state(RunState *s, const Config *p, int kv_bytes, int n_seqs, void *(*alloc)(size_t bytes)) {
     StateSizes z = state_sizes(p);
+    z.cache *= n_seqs;
     s->x = alloc(z.x * sizeof(float)), s->xb = alloc(z.x * sizeof(float)), s->q = alloc(z.x * sizeof(float));
     s->k = alloc(z.kv * sizeof(float)), s->v = alloc(z.kv * sizeof(float));
     s->hb = alloc(z.hidden * sizeof(float)), s->hb2 = alloc(z.hidden * sizeof(float));
@@ -295,35 +339,46 @@ static void alloc_state(RunState *s, const Config *p, int kv_bytes, void *(*allo
 
 static void *host_alloc(size_t bytes) { return xcalloc(bytes, 1); }
 
-static void cpu_exec_init(Exec *e, const Model *m) {
+// The executor's config: the model's, with the context shortened to `context` (1..seq_len; 0
+// keeps it) so that many sequences' KV caches fit.
+static Config exec_config(const Model *m, int context) {
+    Config c = m->cfg;
+    if (context > 0 && context < c.seq_len) c.seq_len = context;
+    return c;
+}
+
+// n_seqs KV caches of `context` positions (0: the model's).
+static void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     memset(e, 0, sizeof *e);
     e->ops = &cpu_ops;
     snprintf(e->desc, sizeof e->desc, "cpu");
-    e->cfg = m->cfg;
+    e->cfg = exec_config(m, context);
     e->w = &m->w;
     e->kv_bytes = sizeof(float);
-    alloc_state(&e->s, &m->cfg, e->kv_bytes, host_alloc);
-    e->s.att = xcalloc(m->cfg.seq_len, sizeof(float));
+    e->n_seqs = n_seqs;
+    alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
+    e->s.att = xcalloc(e->cfg.seq_len, sizeof(float));
 }
 
 // ----------------------------------------------------------------------------
 // forward: the whole model, once, for any executor.
-// Runs tokens[0..M) at positions pos..pos+M-1 (M <= MAX_BATCH, pos + M <= seq_len, ids checked
-// by the caller). Returns the executor's logits buffer: M rows of vocab_size when all_logits,
-// else one row, the last token's.
+// forward runs tokens[0..M) of sequence 0 at positions pos..pos+M-1; forward_batch runs one
+// token of each of B sequences, all at position pos (M <= MAX_BATCH, B <= n_seqs, positions
+// within the context; ids are checked). Both return the executor's logits buffer: M rows of
+// vocab_size when all_logits (always for a batch), else one row, the last token's.
 
-static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_logits) {
+static const float *run_layers(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     const Config *p = &e->cfg;
     const Weights *w = e->w;
     const Ops *o = e->ops;
     RunState *s = &e->s;
-    int dim = p->dim;
+    int dim = p->dim, span = s->seq_stride ? 1 : M;   // positions the call covers
     for (int m = 0; m < M; m++)
         if (tokens[m] < 0 || tokens[m] >= p->vocab_size) {
             fprintf(stderr, "run: token id %d is outside the vocabulary [0, %d)\n", tokens[m], p->vocab_size);
             exit(1);
         }
-    if (M < 1 || M > MAX_BATCH || pos < 0 || pos + M > p->seq_len) {
+    if (M < 1 || M > MAX_BATCH || pos < 0 || pos + span > p->seq_len) {
         fprintf(stderr, "run: forward of %d tokens at position %d: outside the context of %d\n", M, pos, p->seq_len);
         exit(1);
     }
@@ -348,6 +403,23 @@ static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_
     return s->logits;
 }
 
+static const float *forward(Exec *e, const int *tokens, int M, int pos, int all_logits) {
+    e->s.seq_stride = 0;
+    return run_layers(e, tokens, M, pos, all_logits);
+}
+
+static const float *forward_batch(Exec *e, const int *tokens, int B, int pos) {
+    const Config *p = &e->cfg;
+    if (B > e->n_seqs) {
+        fprintf(stderr, "run: a batch of %d sequences, the executor has caches for %d\n", B, e->n_seqs);
+        exit(1);
+    }
+    e->s.seq_stride = (size_t)p->n_layers * p->seq_len * (p->dim / p->n_heads * p->n_kv_heads);
+    const float *logits = run_layers(e, tokens, B, pos, 1);
+    e->s.seq_stride = 0;
+    return logits;
+}
+
 // ----------------------------------------------------------------------------
 // GPU executor (built when nvcc is there): kernels.h is its whole interface.
 
@@ -358,6 +430,8 @@ typedef struct {
     int kv_half;    // FP16 KV cache (else FP32)
     int pdl;        // programmatic dependent launch between kernels: 1, 0, or PDL_AUTO
     int tensor_cores;   // batches of more than TC_MIN_TOKENS tokens on the tensor-core kernel
+    int n_seqs;         // KV caches for this many sequences (--batch; 0 = 1)
+    int context;        // their length (0 = the model's seq_len)
 } GpuOptions;
 // Measured on the H200 (bench/NOTES.md): PDL speeds up small models' decode, whose kernels are
 // short (stories15m +25%), and slows the 7B's (-7%), whose GEMVs are long; AUTO takes it for
@@ -410,7 +484,7 @@ static Mat device_mat(const GpuExec *g, const Mat *m) {
 static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, M, pos);
-    g->decode_step = M == 1 && !all_logits;
+    g->decode_step = M == 1 && !all_logits && !e->s.seq_stride;
     g->argmax_ready = 0;
     if (!g->opt.use_graph || !g->decode_step) return 0;
     if (g->graph) {
@@ -475,7 +549,8 @@ static void gpu_op_qkv_rope_fused(Exec *e, int layer, const float *in, int M, co
         return;
     }
     gpu_matmul_q8_qkv_rope(GPU(e)->ctx, e->s.q, in, M, wq, wk, wv, layer_cache(e, e->s.key_cache, layer),
-                           layer_cache(e, e->s.value_cache, layer), e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half);
+                           layer_cache(e, e->s.value_cache, layer), e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half,
+                           e->s.seq_stride);
 }
 static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3);
 static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
@@ -497,14 +572,14 @@ static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
     int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
     (void)pos;   // on the device (begin)
     gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, layer_cache(e, e->s.key_cache, layer),
-                   layer_cache(e, e->s.value_cache, layer), M, p->dim, kv_dim, head_size, GPU(e)->opt.kv_half);
+                   layer_cache(e, e->s.value_cache, layer), M, p->dim, kv_dim, head_size, GPU(e)->opt.kv_half, e->s.seq_stride);
 }
 static void gpu_op_attention(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
     (void)pos;   // on the device (begin)
     gpu_attention(GPU(e)->ctx, e->s.xb, GPU(e)->att_part, e->s.q, layer_cache(e, e->s.key_cache, layer),
                   layer_cache(e, e->s.value_cache, layer), M, p->n_heads, p->n_kv_heads, p->dim / p->n_heads, p->seq_len,
-                  GPU(e)->opt.kv_half);
+                  GPU(e)->opt.kv_half, e->s.seq_stride);
 }
 static const float *gpu_op_to_host(Exec *e, const float *logits, int rows) {
     gpu_download(GPU(e)->ctx, GPU(e)->host_logits, logits, (size_t)rows * e->cfg.vocab_size * sizeof(float));
@@ -552,6 +627,9 @@ static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps
     return generated;
 }
 
+static void device_copy(Exec *e, void *dst, const void *src, size_t bytes) { gpu_copy(GPU(e)->ctx, dst, src, bytes); }
+static void gpu_op_copy_cache(Exec *e, int rows) { for_each_cache_copy(e, rows, device_copy); }
+
 static void gpu_op_release(Exec *e) {
     GpuExec *g = GPU(e);
     RunState *s = &e->s;
@@ -570,16 +648,16 @@ static void gpu_op_release(Exec *e) {
 
 static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                   gpu_op_matmul_fused, gpu_op_qkv_rope_fused, gpu_op_ffn_up_fused, NULL,
-                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
+                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                     gpu_op_rmsnorm, gpu_op_matmul_unfused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
+                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                  gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
-                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
+                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                  gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_release};
+                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 
 // The linear weights: the 7 per-layer arrays (one block) and the classifier.
 static int n_linear(const Config *c) { return 7 * c->n_layers + 1; }
@@ -630,8 +708,8 @@ static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
 // Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
 // activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
 static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
-    const Config *p = &m->cfg;
-    int head_size = p->dim / p->n_heads, kv_bytes = opt.kv_half ? 2 : 4;
+    const Config cfg = exec_config(m, opt.context), *p = &cfg;
+    int head_size = p->dim / p->n_heads, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
     if (head_size > gpu_attention_max_head_size()) {
         snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());
@@ -641,7 +719,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     size_t all_elems, largest = largest_mat(m, &all_elems);
     size_t part = gpu_attention_part_floats(MAX_BATCH, p->n_heads, head_size, p->seq_len);
     size_t weights = m->map_bytes + m->owned_bytes + (opt.path == PATH_FP16 ? all_elems * 2 : 0);
-    size_t kv = 2 * z.cache * kv_bytes;
+    size_t kv = 2 * z.cache * kv_bytes * n_seqs;
     size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
     size_t scratch = m->quantized && opt.path == PATH_UNFUSED ? largest : 0, free_b, total_b;
     size_t half_in = (size_t)MAX_BATCH * (p->dim > p->hidden_dim ? p->dim : p->hidden_dim);   // FP16 inputs: --fp16, tensor cores
@@ -679,9 +757,10 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
              opt.pdl ? "PDL" : "no PDL", 8 * kv_bytes);
     e->cfg = *p;
     e->kv_bytes = kv_bytes;
+    e->n_seqs = n_seqs;
     e->w = &g->w;
     e->priv = g;
-    alloc_state(&e->s, p, kv_bytes, gpu_alloc);
+    alloc_state(&e->s, p, kv_bytes, n_seqs, gpu_alloc);
     return 0;
 }
 #else
@@ -970,16 +1049,22 @@ static void free_sampler(Sampler *s) {
     free(s->scratch);
 }
 
-// Next token from one row of logits (on the executor). Greedy stays on the executor.
-static int sample(Sampler *s, Exec *e, const float *logits) {
-    if (s->temperature == 0.0f) return e->ops->argmax(e, logits);
+// Next token from one row of logits in host memory.
+static int sample_host(Sampler *s, const float *row) {
+    if (s->temperature == 0.0f) return argmax_row(row, s->vocab_size);
     float *p = s->scratch;
-    memcpy(p, e->ops->to_host(e, logits, 1), s->vocab_size * sizeof(float));
+    memcpy(p, row, s->vocab_size * sizeof(float));
     for (int q = 0; q < s->vocab_size; q++) p[q] /= s->temperature;
     softmax(p, s->vocab_size);
     float coin = random_f32(&s->rng_state);
     if (s->topp <= 0 || s->topp >= 1) return sample_mult(p, s->vocab_size, coin);
     return sample_topp(p, s->vocab_size, s->topp, s->probindex, coin);
+}
+
+// Next token from one row of logits (on the executor). Greedy stays on the executor.
+static int sample(Sampler *s, Exec *e, const float *logits) {
+    if (s->temperature == 0.0f) return e->ops->argmax(e, logits);
+    return sample_host(s, e->ops->to_host(e, logits, 1));
 }
 
 // ----------------------------------------------------------------------------
@@ -1101,6 +1186,55 @@ fail:
     return -1;
 }
 
+// --batch: B sequences from one prompt, each with its own sampler (seeds s, s + 1, ...) and KV
+// cache, decoded together: a step is one forward of B tokens, so each linear layer is one M = B
+// GEMM over weights read once. The prompt is prefilled once, into sequence 0's cache, whose rows
+// are then copied to the others. Sequences that produce BOS stop (their slot keeps running, its
+// output unused); each sequence's text is printed when all are done. st->generated counts the
+// steps (tokens per sequence).
+static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int B, const char *prompt, int steps,
+                          GenStats *st, char *err) {
+    int *tokens = xcalloc(strlen(prompt) + 3, sizeof(int)), n = 0, V = e->cfg.vocab_size;
+    int *out = xcalloc((size_t)B * (steps + 1), sizeof(int)), *next = xcalloc(B, sizeof(int));
+    int *count = xcalloc(B, sizeof(int)), *stopped = xcalloc(B, sizeof(int));   // tokens so far; produced BOS
+    int status = -1, step = 0;
+    if (encode(tok, prompt, 1, tokens, &n, err)) goto done;
+    if (n > steps) {
+        snprintf(err, ERR_LEN, "the prompt is %d tokens but -n allows only %d positions", n, steps);
+        goto done;
+    }
+    long t0 = time_in_us();
+    const float *host = e->ops->to_host(e, prefill(e, tokens, n, 0), 1);
+    e->ops->copy_cache(e, n);
+    long t1 = time_in_us();
+    int live = B;
+    for (int b = 0; b < B; b++) next[b] = sample_host(&samplers[b], host);   // all from the prompt's last row
+    for (int pos = n; live > 0; pos++) {
+        step++;
+        for (int b = 0; b < B; b++) {
+            if (stopped[b]) continue;
+            if (next[b] == BOS) stopped[b] = 1, live--;
+            else out[(size_t)b * (steps + 1) + count[b]++] = next[b];
+        }
+        if (live == 0 || pos >= steps) break;
+        host = e->ops->to_host(e, forward_batch(e, next, B, pos), B);   // a stopped slot runs BOS, unused
+        for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : sample_host(&samplers[b], host + (size_t)b * V);
+    }
+    long t2 = time_in_us();
+    for (int b = 0; b < B; b++) {
+        const int *seq = out + (size_t)b * (steps + 1);
+        printf("[sequence %d]\n", b);
+        for (int i = 1; i < n; i++) safe_print(decode(tok, tokens[i - 1], tokens[i]));
+        for (int i = 0; i < count[b]; i++) safe_print(decode(tok, i ? seq[i - 1] : tokens[n - 1], seq[i]));
+        if (emit("\n", err)) goto done;
+    }
+    *st = (GenStats){n, step, (t1 - t0) / 1e6, (t2 - t1) / 1e6, 0};
+    status = 0;
+done:
+    free(tokens), free(out), free(next), free(count), free(stopped);
+    return status;
+}
+
 // Negative log-likelihood (natural log) of `target` under one row of logits, in double.
 static double nll(const float *logits, int n, int target) {
     double max = logits[0], sum = 0.0;
@@ -1151,7 +1285,7 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
 typedef struct {
     const char *checkpoint, *prompt, *tokenizer, *ppl_file, *device;
     float temperature, topp;
-    long steps, seed;
+    long steps, seed, batch;
     GpuOptions gpu;
 } CliArgs;
 
@@ -1182,7 +1316,7 @@ static int parse_float(const char *flag, const char *s, float lo, float hi, floa
 
 // 0, or -1 (a bad value: the reason in err) or CLI_USAGE (err says what was not understood).
 static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
-    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, {PATH_FUSED, 1, 1, PDL_AUTO, 1}};
+    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, 1, {PATH_FUSED, 1, 1, PDL_AUTO, 1, 0, 0}};
     if (argc < 2 || argv[1][0] == '-') {
         snprintf(err, ERR_LEN, "the first argument must be the checkpoint");
         return CLI_USAGE;
@@ -1207,6 +1341,7 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         else if (!strcmp(f, "-t")) rc = parse_float(f, v, 0.0f, FLT_MAX, &a->temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 0.0f, 1.0f, &a->topp, err);
         else if (!strcmp(f, "-s")) rc = parse_long(f, v, 0, LONG_MAX, &a->seed, err);
+        else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, MAX_BATCH, &a->batch, err);
         else if (!strcmp(f, "-z")) a->tokenizer = v;
         else if (!strcmp(f, "--ppl")) a->ppl_file = v;
         else if (!strcmp(f, "--device")) a->device = v;
@@ -1216,6 +1351,10 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         }
         if (rc) return rc;
         i++;
+    }
+    if (a->batch > 1 && a->ppl_file) {
+        snprintf(err, ERR_LEN, "--batch generates; it does not apply to --ppl");
+        return -1;
     }
     if (strcmp(a->device, "cpu") && strcmp(a->device, "gpu")) {
         snprintf(err, ERR_LEN, "--device expects cpu or gpu, got \"%.100s\"", a->device);
@@ -1236,6 +1375,7 @@ static void usage(const char *why) {
             "  -t <float>       temperature in [0, inf) (default 1.0; 0 = greedy)\n"
             "  --top-p <float>  top-p (nucleus) sampling in [0, 1] (default 0.9; 0 or 1 = off)\n"
             "  -s <int>         random seed (default: time)\n"
+            "  --batch <int>    decode this many sequences (1 to 64) from the prompt together, seeds s, s+1, ...\n"
             "  -z <string>      tokenizer (default: tokenizer.bin beside the binary)\n"
             "  --device cpu|gpu where to run (default gpu; falls back to cpu with a message)\n"
             "  --unfused        GPU: separate dequant kernel + cuBLAS instead of the fused kernels\n"
@@ -1299,6 +1439,7 @@ int main(int argc, char **argv) {
         die(err);
     }
     if (a.steps == 0) a.steps = model.cfg.seq_len;
+    if (a.batch > 1) a.gpu.n_seqs = (int)a.batch, a.gpu.context = (int)a.steps;   // caches only as long as -n
 
     Exec exec;
     const char *path_name = model.quantized ? "int8" : "fp32";
@@ -1314,7 +1455,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a.device, "cpu")) {
         if (a.gpu.path != PATH_FUSED) fprintf(stderr, "run: --unfused and --fp16 apply to the GPU only; ignored on the CPU\n");
-        cpu_exec_init(&exec, &model);
+        cpu_exec_init(&exec, &model, a.gpu.n_seqs > 0 ? a.gpu.n_seqs : 1, a.gpu.context);
     }
 
     int status = 0;
@@ -1335,17 +1476,28 @@ int main(int argc, char **argv) {
         }
         free(text);
     } else {
-        Sampler sampler;
-        build_sampler(&sampler, model.cfg.vocab_size, a.temperature, a.topp,
-                      a.seed > 0 ? (unsigned long long)a.seed : (unsigned long long)time(NULL));
+        int B = (int)a.batch;
+        Sampler *samplers = xcalloc(B, sizeof(Sampler));
+        unsigned long long seed = a.seed > 0 ? (unsigned long long)a.seed : (unsigned long long)time(NULL);
+        for (int b = 0; b < B; b++) build_sampler(&samplers[b], model.cfg.vocab_size, a.temperature, a.topp, seed + b);
         GenStats st;
-        if (generate(&exec, &tok, &sampler, a.prompt, (int)a.steps, &st, err)) {
+        rc = B > 1 ? generate_batch(&exec, &tok, samplers, B, a.prompt, (int)a.steps, &st, err)
+                   : generate(&exec, &tok, samplers, a.prompt, (int)a.steps, &st, err);
+        if (rc) {
             fprintf(stderr, "run: %s\n", err);
             status = 1;
+        } else if (B > 1) {
+            int steps = st.generated > 0 ? st.generated - 1 : 0;   // decode steps after the prefill's sample
+            double per_seq = st.decode_s > 0 ? steps / st.decode_s : 0.0;
+            fprintf(stderr, "batch %d: prompt %d tokens, %d steps; prefill %.1f tok/s; decode %.1f tok/s aggregate, %.1f tok/s "
+                            "per sequence; device %s, path %s\n",
+                    B, st.prompt_tokens, st.generated, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0, B * per_seq, per_seq,
+                    a.device, path_name);
         } else {
             print_stats(&st, &model, &exec, &a, path_name);
         }
-        free_sampler(&sampler);
+        for (int b = 0; b < B; b++) free_sampler(&samplers[b]);
+        free(samplers);
     }
     exec.ops->release(&exec);
     free_tokenizer(&tok);

@@ -64,6 +64,13 @@ expect_error "run: -n beyond the model's context" "seq_len" $RUN $M -z $T -n 513
 $RUN $M -z $T --frobnicate 3 > /dev/null 2> "$tmp/err"
 if [ $? -eq 1 ] && head -1 "$tmp/err" | grep -q "unknown option" && grep -q Usage "$tmp/err"; then ok "run: unknown option: named, then the usage"
 else bad "run: unknown option: named, then the usage" "$(head -3 "$tmp/err")"; fi
+expect_error "run: a huge --batch" "--batch" $RUN $M -z $T --batch 100000
+expect_error "run: --batch with --ppl" "--batch" $RUN $M -z $T --batch 2 --ppl tests/data/story.txt
+# --batch 3 prints, per sequence, what three separate runs with seeds s, s+1, s+2 print
+$RUN $M -z $T -p "Once upon a time" -n 80 -t 0.9 -s 11 --batch 3 --device cpu 2> /dev/null | grep -v '^\[sequence' > "$tmp/batch.txt"
+for s in 11 12 13; do $RUN $M -z $T -p "Once upon a time" -n 80 -t 0.9 -s $s --device cpu 2> /dev/null; done > "$tmp/single.txt"
+if [ -s "$tmp/batch.txt" ] && cmp -s "$tmp/batch.txt" "$tmp/single.txt"; then ok "run --batch 3 == three runs with seeds s, s+1, s+2 (cpu)"
+else bad "run --batch 3 == three runs with seeds s, s+1, s+2 (cpu)" "$(diff "$tmp/batch.txt" "$tmp/single.txt" | head -5)"; fi
 printf 'old' > "$tmp/keep.bin"
 expect_error "quantize: output over the file-size limit (full disk)" "cannot allocate" sh -c "ulimit -f 64; exec $QUANTIZE $M $tmp/keep.bin"
 if [ "$(cat "$tmp/keep.bin")" = old ] && [ -z "$(ls "$tmp" | grep 'keep.bin.tmp')" ]; then ok "quantize: a failed write leaves the old file and no temporary"

@@ -266,6 +266,63 @@ static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
     return out;
 }
 
+// A batch of B sequences through an executor made for them (n_seqs = B): a shared prompt of n
+// tokens prefilled into sequence 0 and copied, then `steps` batched decode steps, sequence b fed
+// its own tokens tok[step][b]. Returns the logits of every step, (steps, B, vocab), in host memory.
+static float *batch_logits(Exec *e, const int *prompt, int n, const int *tok, int B, int steps) {
+    int V = e->cfg.vocab_size;
+    float *out = talloc((size_t)steps * B * V * sizeof(float));
+    for (int done = 0; done < n; done += MAX_BATCH) forward(e, prompt + done, n - done < MAX_BATCH ? n - done : MAX_BATCH, done, 0);
+    e->ops->copy_cache(e, n);
+    for (int st = 0; st < steps; st++) {
+        const float *l = e->ops->to_host(e, forward_batch(e, tok + (size_t)st * B, B, n + st), B);
+        memcpy(out + (size_t)st * B * V, l, (size_t)B * V * sizeof(float));
+    }
+    return out;
+}
+
+// The same, each sequence alone in a one-sequence executor: the reference for batch_logits.
+static float *separate_logits(const Model *m, const int *prompt, int n, const int *tok, int B, int steps, int context) {
+    int V = m->cfg.vocab_size;
+    float *out = talloc((size_t)steps * B * V * sizeof(float));
+    for (int b = 0; b < B; b++) {
+        Exec e;
+        cpu_exec_init(&e, m, 1, context);
+        for (int done = 0; done < n; done += MAX_BATCH) forward(&e, prompt + done, n - done < MAX_BATCH ? n - done : MAX_BATCH, done, 0);
+        for (int st = 0; st < steps; st++) {
+            const float *l = forward(&e, &tok[(size_t)st * B + b], 1, n + st, 0);
+            memcpy(out + ((size_t)st * B + b) * V, l, V * sizeof(float));
+        }
+        e.ops->release(&e);
+    }
+    return out;
+}
+
+// Random prompt (BOS first) and per-step tokens of a batch.
+static void batch_tokens(int V, int *prompt, int n, int *tok, int count) {
+    for (int i = 0; i < n; i++) prompt[i] = i == 0 ? BOS : (int)(random_u32(&rng_state) % V);
+    for (int i = 0; i < count; i++) tok[i] = (int)(random_u32(&rng_state) % V);
+}
+
+static void test_cpu_batch(void) {
+    Config c = {64, 96, 2, 4, 2, 61, 48};
+    for (int q = 0; q < 2; q++) {
+        Model m;
+        random_model(&m, c, q, 32, 1);
+        int B = 5, n = 7, steps = 20, context = 30, prompt[7], tok[100];
+        batch_tokens(c.vocab_size, prompt, n, tok, B * steps);
+        Exec e;
+        cpu_exec_init(&e, &m, B, context);
+        float *got = batch_logits(&e, prompt, n, tok, B, steps), *ref = separate_logits(&m, prompt, n, tok, B, steps, 0);
+        e.ops->release(&e);
+        size_t bad = 0, total = (size_t)steps * B * c.vocab_size;
+        for (size_t i = 0; i < total; i++) bad += !(got[i] == ref[i]);
+        check(bad == 0, q ? "cpu batch of 5 sequences == each alone, bit for bit (int8)" : "cpu batch of 5 sequences == each alone, bit for bit (fp32)",
+              "%zu of %zu logits differ", bad, total);
+        arena_free();
+    }
+}
+
 static const Config small_shapes[] = {
     {48, 172, 2, 6, 2, 67, 24},    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
     {64, 100, 1, 4, 4, 50, 16},    // no grouping
@@ -283,7 +340,7 @@ static void test_cpu_forward(void) {
                 for (int t = 0; t < T; t++) tokens[t] = random_u32(&rng_state) % c.vocab_size;
                 double *ref = ref_forward(&m, tokens, T);
                 Exec e;
-                cpu_exec_init(&e, &m);
+                cpu_exec_init(&e, &m, 1, 0);
                 int first = T < 7 ? T : 7;
                 float *got = exec_logits(&e, tokens, T, first);
                 double err = rel_l2(got, ref, (size_t)T * c.vocab_size);
@@ -657,7 +714,7 @@ static void test_greedy_agreement(const char *file, int n_tokens, int must_agree
         return;
     }
     Exec e;
-    cpu_exec_init(&e, &m);
+    cpu_exec_init(&e, &m, 1, 0);
     int *ref = greedy_tokens(&e, n_tokens);
     e.ops->release(&e);
     free_model(&m);
@@ -669,7 +726,7 @@ static void test_greedy_agreement(const char *file, int n_tokens, int must_agree
             check(0, name, "quantize or load failed: %s", err);
             continue;
         }
-        cpu_exec_init(&e, &m);
+        cpu_exec_init(&e, &m, 1, 0);
         int *got = greedy_tokens(&e, n_tokens), agree = 0;
         while (agree < n_tokens && got[agree + 1] == ref[agree + 1]) agree++;
         check(agree >= must_agree, name, "agreed for %d tokens", agree);
@@ -721,7 +778,7 @@ static void test_synthetic(void) {
     sh("rm -f %s %s %s %s", a, b, c, f);
 }
 
-#define N_GPU_GROUPS 6   // test groups skipped as one each when there is no GPU
+#define N_GPU_GROUPS 7   // test groups skipped as one each when there is no GPU
 #ifdef HAVE_GPU
 
 static GpuCtx *gctx;
@@ -888,14 +945,14 @@ typedef struct {
     int int8_only;     // the --unfused path exists for INT8 weights only
 } GpuRun;
 static const GpuRun gpu_runs[] = {
-    {"graph", {PATH_FUSED, 1, 0, 1, 0}, 1e-4, -1, 0},
-    {"no graph", {PATH_FUSED, 0, 0, 1, 0}, 1e-4, 0, 0},
-    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0}, 1e-4, 0, 0},
-    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0}, 1e-4, -1, 1},
-    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0}, 1e-4, 3, 1},
-    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0}, 3e-3, -1, 0},
-    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1}, 3e-3, -1, 0},
-    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0}, 1e-2, -1, 0},
+    {"graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0}, 1e-4, -1, 0},
+    {"no graph", {PATH_FUSED, 0, 0, 1, 0, 0, 0}, 1e-4, 0, 0},
+    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0, 0, 0}, 1e-4, 0, 0},
+    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0, 0, 0}, 1e-4, -1, 1},
+    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, 0, 0}, 1e-4, 3, 1},
+    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0, 0, 0}, 3e-3, -1, 0},
+    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1, 0, 0}, 3e-3, -1, 0},
+    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0, 0, 0}, 1e-2, -1, 0},
 };
 
 // Both executors over one file: logits of every position (batched prefill of `first`, then one by
@@ -912,7 +969,7 @@ static void compare_executors(const char *label, const char *file, int T, int fi
     int *tokens = talloc(T * sizeof(int));
     for (int t = 0; t < T; t++) tokens[t] = t == 0 ? BOS : (int)(random_u32(&rng_state) % m.cfg.vocab_size);
     Exec cpu;
-    cpu_exec_init(&cpu, &m);
+    cpu_exec_init(&cpu, &m, 1, 0);
     float *ref = exec_logits(&cpu, tokens, T, first);
     int *ref_greedy = greedy_n ? greedy_tokens(&cpu, greedy_n) : NULL;
     float *logits[sizeof gpu_runs / sizeof gpu_runs[0]] = {0};
@@ -948,6 +1005,45 @@ static void compare_executors(const char *label, const char *file, int T, int fi
                      gpu_runs[run->same_as].how);
             check(d == 0.0, name, "max difference %.3e", d);
         }
+        g.ops->release(&g);
+    }
+    free_model(&m);
+    arena_free();
+}
+
+// A batch of 12 sequences on the GPU against the CPU's batch (which equals each sequence alone):
+// the per-sequence caches and positions in RoPE, the KV store and attention, the cache copy.
+static void test_gpu_batch(void) {
+    Config c = {128, 172, 2, 8, 4, 97, 80};
+    char *fp32 = tpath("b32.bin"), *q8 = tpath("b8.bin"), err[ERR_LEN];
+    random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+    Model m;
+    if (load_model(q8, &m, err)) {
+        check(0, "gpu batch: load", "%s", err);
+        return;
+    }
+    int B = 12, n = 9, steps = 15, context = 40, prompt[9], tok[12 * 15];
+    batch_tokens(c.vocab_size, prompt, n, tok, B * steps);
+    Exec cpu;
+    cpu_exec_init(&cpu, &m, B, context);
+    float *ref = batch_logits(&cpu, prompt, n, tok, B, steps);
+    cpu.ops->release(&cpu);
+    const GpuRun runs[] = {
+        {"batch, FP32 KV, SIMT", {PATH_FUSED, 1, 0, 1, 0, B, context}, 1e-4, -1, 0},
+        {"batch, unfused", {PATH_UNFUSED, 1, 0, 1, 0, B, context}, 1e-4, -1, 0},
+        {"batch, FP16 KV, tensor cores", {PATH_FUSED, 1, 1, 1, 1, B, context}, 3e-3, -1, 0},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        Exec g;
+        char name[200];
+        snprintf(name, sizeof name, "gpu %s: 12 sequences x 15 steps == cpu batch (relative L2 < %.0e)", runs[r].how, runs[r].tol);
+        if (gpu_exec_init(&g, &m, runs[r].opt, err)) {
+            check(0, name, "gpu_exec_init: %s", err);
+            continue;
+        }
+        float *got = batch_logits(&g, prompt, n, tok, B, steps);
+        double e = rel_l2_f(got, ref, (size_t)steps * B * c.vocab_size);
+        check(e < runs[r].tol, name, "relative L2 error %.3e", e);
         g.ops->release(&g);
     }
     free_model(&m);
@@ -1020,7 +1116,7 @@ static void test_gpu_too_small(void) {
         return;
     }
     Exec e;
-    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1};
+    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1, 0, 0};
     int rc = gpu_exec_init(&e, &m, opt, err);
     check(rc == GPU_TOO_SMALL && strstr(err, "GiB"), "gpu: a 176 GB checkpoint is refused (larger than GPU memory)",
           "rc %d: %s", rc, err);
@@ -1050,6 +1146,7 @@ static void test_gpu(void) {
     test_gpu_linear();
     gpu_destroy(gctx);
     test_gpu_too_small();
+    test_gpu_batch();
     test_gpu_end_to_end();
 }
 #else
@@ -1084,6 +1181,7 @@ int main(int argc, char **argv) {
     if (!gpu_only) {
         test_quantize_row();
         test_cpu_forward();
+        test_cpu_batch();
         test_loaders();
         test_synthetic();
         test_bad_tokenizers();

@@ -75,7 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (load_model(path, &m, err) == 0) {
         if (small_enough(&m.cfg)) {
             Exec e;
-            cpu_exec_init(&e, &m);
+            cpu_exec_init(&e, &m, 1, 0);
             int tokens[2] = {BOS, m.cfg.vocab_size - 1};
             forward(&e, tokens, 1, 0, 0);
             if (m.cfg.seq_len > 1) forward(&e, tokens + 1, 1, 1, 0);
