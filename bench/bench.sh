@@ -61,6 +61,19 @@ if [ -f models/stories260K.bin ]; then
     ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"
     awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
 fi
+# prefill: a 512-token prompt in batches of 64 (tensor cores) against decoding one token per forward
+p512=$(prompt_of 512)
+./run "$q8" -z tokenizer.bin -p "$p512" -n 600 -t 0 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
+awk '/decode/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s," && $(i-1) == "prefill") p = $i; if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i; if ($i == "prompt") n = $(i+1) }
+    printf "7b prefill of %d tokens: %.1f tok/s; decode (one token per forward) %.1f tok/s: %.1fx\n", n, p, d, p / d }' "$out/run.err"
+# batched decode: B sequences together, aggregate and per-sequence tokens/s (bench/out/batch.csv)
+echo "B,aggregate,per_sequence" > "$out/batch.csv"
+for B in 1 2 4 8 16 32 64; do
+    ./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0.8 -s 1 --batch $B > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
+    if [ $B -eq 1 ]; then awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "1," $i "," $i }' "$out/run.err"
+    else awk -v B=$B '/^batch/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") a = $i; if ($(i+1) == "tok/s" && $(i+2) == "per") p = $i }
+        print B "," a "," p }' "$out/run.err"; fi
+done | tee -a "$out/batch.csv" | awk -F, '{ printf "7b --batch %-3s %9.1f tok/s aggregate, %8.1f per sequence\n", $1, $2, $3 }'
 # speedups of the default fused path over the baselines, same run
 awk -F'|' '{ t[$1] = $4 } END {
     f = t["7b int8 fused (graph, PDL, FP16 KV)"]

@@ -33,3 +33,15 @@ plot 4 "effective GB/s" "$out/across_m_gbs.png" 4480 "4480 GB/s (H200 read)"
 plot 3 "TFLOP/s" "$out/across_m_tflops.png" 989 "989 TFLOP/s (dense FP16 tensor peak)"
 rm -f "$out"/plot_*.dat
 echo "plot.sh: wrote $out/across_m_gbs.png and $out/across_m_tflops.png"
+# tokens/s against the batch size (bench/bench.sh's batch.csv), if it is there
+if [ -f "$out/batch.csv" ]; then
+    tail -n +2 "$out/batch.csv" | tr , ' ' > "$out/plot_batch.dat"
+    gnuplot <<PLOT
+set terminal pngcairo size 800,450 font ',10'; set output '$out/batch_tokens.png'
+set logscale xy 2; set xlabel 'sequences decoded together (--batch)'; set ylabel 'tokens/s'; set grid; set key top left
+set title 'llama2-7b shape, INT8 fused, decode'
+plot '$out/plot_batch.dat' using 1:2 with linespoints title 'aggregate', '' using 1:3 with linespoints title 'per sequence'
+PLOT
+    rm -f "$out/plot_batch.dat"
+    echo "plot.sh: wrote $out/batch_tokens.png"
+fi
