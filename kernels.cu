@@ -58,6 +58,7 @@ struct GpuCtx {
     size_t half_floats;
     int pdl;                 // launch with programmatic dependent launch allowed
     int prefetch_bytes;      // the GEMV's L2 prefetch per row under PDL (RUN_PREFETCH_BYTES overrides)
+    int late_release;        // the GEMV releases its dependents after its loop (RUN_PDL_LATE=1; an experiment)
 };
 
 struct GpuGraph {
@@ -106,9 +107,11 @@ __device__ float block_reduce(float v, float *red) {
 
 // Programmatic dependent launch: wait until the previous kernel in the stream has completed and
 // its writes are visible (a no-op when launched without PDL); then let the next kernel launch.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait_then_release() {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    pdl_wait();
+    pdl_release();
 }
 
 // Pull one 128-byte line into L2 without waiting for it.
@@ -201,6 +204,7 @@ struct Q8Args {
     int n_out, M, K, stride, groups, gs, group_shift;
     int accumulate;    // y += result instead of y = result
     int prefetch_bytes;   // of each weight row, asked of L2 before the previous kernel ends (PDL)
+    int late_release;     // PDL: let the next kernel launch after the main loop, not at the start
     RopeStore rope;
 };
 
@@ -253,7 +257,11 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
 #pragma unroll
     for (int i = 0; i < RR; i++)
         for (int b = 128 * lane; b < min(stride, a.prefetch_bytes); b += 32 * 128) prefetch_l2(qrow[i] + b);
-    pdl_wait_then_release();
+    // late_release: let the next kernel launch only once this block's loads are done (its blocks
+    // are then placed as SMs free up, as without PDL, but their launch is still hidden); else at
+    // once (its blocks wait on SMs that have room now, which may be few for a long GEMV).
+    pdl_wait();
+    if (!a.late_release) pdl_release();
     float acc[MT][RR];
 #pragma unroll
     for (int t = 0; t < MT; t++)
@@ -291,6 +299,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
             }
         }
     }
+    if (a.late_release) pdl_release();
 #pragma unroll
     for (int t = 0; t < MT; t++) {
         float v[R];
@@ -788,6 +797,7 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     g->pdl = 1;
     g->prefetch_bytes = getenv("RUN_PREFETCH_BYTES") ? atoi(getenv("RUN_PREFETCH_BYTES")) : kPrefetchBytes;
+    g->late_release = getenv("RUN_PDL_LATE") && atoi(getenv("RUN_PDL_LATE"));
     return g;
 }
 
@@ -893,6 +903,7 @@ template <int MT, bool kShift, bool kPair, int R = kRowsPerWarp, int U = kChunks
 static void launch_q8(GpuCtx *g, Q8Args a) {
     dim3 grid(assign_blocks(&a, kWarps * R, kPair), ceil_div_i(a.M, MT));
     a.prefetch_bytes = g->pdl ? g->prefetch_bytes : 0;
+    a.late_release = g->late_release;
     launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair>, grid, dim3(kWarps * 32), 0, a);
 }
 
