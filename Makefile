@@ -102,6 +102,7 @@ tests/asan/quantize: quantize.c model.c model.h
 	@mkdir -p tests/asan
 	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c model.c $(LDLIBS)
 test-asan: all tests/test_run tests/asan/run tests/asan/quantize
+	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
 
 # The CPU unit tests under valgrind (no sanitizers, no GPU code): --quick leaves out code15M.
