@@ -69,7 +69,7 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 	-sh bench/plot.sh bench/out/across_m.csv
 
 clean:
-	rm -rf run quantize *.o tests/*.o tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o tests/*.o tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing (issue: hostile input): libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
@@ -105,13 +105,23 @@ tests/asan/quantize: quantize.c model.c model.h
 	@mkdir -p tests/asan
 	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c model.c $(LDLIBS)
 test-asan: all tests/test_run tests/asan/run tests/asan/quantize
+	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
 
-# The CPU unit tests under valgrind (no sanitizers, no GPU code): --quick leaves out code15M.
+# The CPU unit tests under valgrind (no sanitizers, no GPU code), then the command-line checks
+# with run and quantize (CPU-only builds) under valgrind; code15M is left out (--quick, QUICK=1).
 tests/test_run_vg: tests/test_run.c run.c model.c model.h
 	$(CC) $(CFLAGS) -Wno-unused-function -O1 -g -o $@ tests/test_run.c model.c $(LDLIBS)
-test-valgrind: all tests/test_run_vg
-	valgrind --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite ./tests/test_run_vg --quick models
+tests/vg/run: run.c model.c model.h
+	@mkdir -p tests/vg
+	$(CC) $(CFLAGS) -O1 -g -o $@ run.c model.c $(LDLIBS)
+tests/vg/quantize: quantize.c model.c model.h
+	@mkdir -p tests/vg
+	$(CC) $(CFLAGS) -O1 -g -o $@ quantize.c model.c $(LDLIBS)
+VG := valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
+test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
+	$(VG) ./tests/test_run_vg --quick models
+	CLI_ONLY=1 QUICK=1 RUN="$(VG) tests/vg/run" QUANTIZE="$(VG) tests/vg/quantize" sh tests/run_tests.sh
 
 # The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
 # (memcheck, racecheck, initcheck, synccheck); on the GPU machine.

@@ -7,6 +7,7 @@
 #define RUN_NO_MAIN
 #include <sys/wait.h>
 #include "../run.c"
+#include "ref_encode.h"
 
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -622,6 +623,38 @@ static void test_tokenizer_file(const char *file, int vocab) {
     arena_free();
 }
 
+// encode() against llama2.c's own loop (ref_encode.h) on real text, UTF-8 and stray bytes, with
+// both tokenizers: the same tokens, in the same order.
+static void test_encode_reference(const char *file, int vocab) {
+    char err[ERR_LEN], name[200];
+    Tokenizer t;
+    if (!file_exists(file)) {
+        skip("encode == llama2.c's merge loop", "tokenizer not present");
+        return;
+    }
+    if (build_tokenizer(&t, file, vocab, err)) {
+        check(0, "encode == llama2.c's merge loop", "%s", err);
+        return;
+    }
+    size_t n_story = 0, n_code = 0;
+    char *story = read_file("tests/data/story.txt", 1 << 20, &n_story, err), *code = read_file("tests/data/code.txt", 1 << 20, &n_code, err);
+    const char *texts[] = {story ? story : "", code ? code : "", "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80 \xff\xfe \xc0\x80 end",
+                           "   leading spaces and\ttabs\nand newlines  ", "a"};
+    int worst = -1;
+    for (int i = 0; i < 5; i++) {
+        char *text = xcalloc(1501, 1);
+        strncpy(text, texts[i], 1500);   // the reference is quadratic: 1500 bytes of each
+        int *a = xcalloc(strlen(text) + 3, sizeof(int)), *b = xcalloc(strlen(text) + 3, sizeof(int)), na = 0;
+        int ok_a = encode(&t, text, 1, a, &na, err) == 0, nb = reference_encode(&t, text, b, err);
+        if (ok_a != (nb >= 0) || (ok_a && (na != nb || memcmp(a, b, na * sizeof(int))))) worst = i;
+        free(text), free(a), free(b);
+    }
+    snprintf(name, sizeof name, "encode == llama2.c's merge loop on 5 texts (%s)", file);
+    check(worst < 0, name, "text %d differs", worst);
+    free(story), free(code);
+    free_tokenizer(&t);
+}
+
 static void test_bad_tokenizers(void) {
     // a valid 4-entry tokenizer: max_token_length 3, entries "a" "b" "ab" "c"
     unsigned char good[256], *p = good;
@@ -1187,6 +1220,8 @@ int main(int argc, char **argv) {
         test_bad_tokenizers();
         test_tokenizer_file(model_path("tok512.bin"), 512);
         test_tokenizer_file("tokenizer.bin", 32000);
+        test_encode_reference(model_path("tok512.bin"), 512);
+        test_encode_reference("tokenizer.bin", 32000);
         test_greedy_agreement("stories260K.bin", 200, 40);
         if (quick) skip("code15M int8 greedy agreement", "--quick");
         else test_greedy_agreement("code15M.bin", 60, 40);

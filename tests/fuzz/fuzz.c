@@ -27,6 +27,7 @@
 #else
 #define RUN_NO_MAIN
 #include "../../run.c"
+#include "../ref_encode.h"
 #endif
 
 // The bytes as an anonymous in-memory file: the loaders take paths, as the programs do.
@@ -124,28 +125,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-// The reference for encode's merges: llama2.c's own loop, every pair looked up on every pass.
-// tokens (n) are encode's tokens before any merge; returns the count after.
-static int reference_merges(int *tokens, int n) {
-    char buf[2 * 4096 + 3];
-    for (;;) {
-        float best_score = -1e10f;
-        int best_id = -1, best_idx = -1;
-        for (int i = 0; i + 1 < n; i++) {
-            snprintf(buf, sizeof buf, "%s%s", tok.vocab[tokens[i]], tok.vocab[tokens[i + 1]]);
-            int id = str_lookup(buf, &tok);
-            if (id >= 0 && tok.scores[id] > best_score) best_score = tok.scores[id], best_id = id, best_idx = i;
-        }
-        if (best_idx < 0) return n;
-        tokens[best_idx] = best_id;
-        memmove(tokens + best_idx + 1, tokens + best_idx + 2, (n - best_idx - 2) * sizeof(int));
-        n--;
-    }
-}
-
 // Each NUL-separated piece is one text (a prompt cannot hold a NUL either). The result must equal
-// the reference merges applied to the text's characters: each character is encoded alone (no
-// merge can apply inside one), then the reference merges run over them all.
+// llama2.c's own loop's (tests/ref_encode.h).
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *text = malloc(size + 1), err[ERR_LEN];
     int *tokens = malloc((size + 3) * sizeof(int)), *ref = malloc((size + 3) * sizeof(int)), n = 0, n_ref = 0;
@@ -155,21 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (encode(&tok, p, 1, tokens, &n, err) != 0) continue;
         if (n > (int)strlen(p) + 2) abort();   // the caller's buffer holds strlen + 2 (+1 spare)
         for (int i = 1; i < n; i++) decode(&tok, tokens[i - 1], tokens[i]);
-        // the characters' tokens, unmerged: encode_char per UTF-8 character, as encode splits them
-        n_ref = 0;
-        ref[n_ref++] = BOS;
-        if (p[0] && encode_char(&tok, " ", ref, &n_ref, err)) abort();
-        char ch[8];
-        size_t len = 0;
-        for (const char *c = p; *c; c++) {
-            if ((*c & 0xC0) != 0x80) len = 0;
-            ch[len++] = *c;
-            ch[len] = '\0';
-            if ((c[1] & 0xC0) == 0x80 && len < 4) continue;
-            if (encode_char(&tok, ch, ref, &n_ref, err)) abort();
-            len = 0;
-        }
-        n_ref = reference_merges(ref, n_ref);
+        n_ref = reference_encode(&tok, p, ref, err);
         if (n_ref != n || memcmp(ref, tokens, n * sizeof(int))) {
             fprintf(stderr, "encode differs from the reference merges (%d vs %d tokens)\n", n, n_ref);
             abort();
