@@ -498,37 +498,32 @@ __device__ __forceinline__ float2 kv_load2(const float *p) { return __ldg(reinte
 __device__ __forceinline__ float2 kv_load2(const __half *p) {
     return __half22float2(__ldg(reinterpret_cast<const __half2 *>(p)));
 }
-// q . k over head_size (even) elements; k is 16-byte aligned when head_size % 8 == 0 (FP16) or
-// % 4 == 0 (FP32), and takes 16-byte loads then.
-__device__ __forceinline__ float qk_dot(const float *qs, const float *k, int hs) {
+// q . k over 16 bytes of k: 4 FP32 or 8 FP16 elements (16-byte aligned).
+__device__ __forceinline__ float dot_16_bytes(const float *qs, const float *k) {
+    const float4 v = __ldg(reinterpret_cast<const float4 *>(k));
+    return qs[0] * v.x + qs[1] * v.y + qs[2] * v.z + qs[3] * v.w;
+}
+__device__ __forceinline__ float dot_16_bytes(const float *qs, const __half *k) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(k));
+    const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
     float sc = 0.0f;
-    if (hs % 4 == 0) {
-#pragma unroll 4
-        for (int i = 0; i < hs; i += 4) {
-            const float4 v = __ldg(reinterpret_cast<const float4 *>(k + i));
-            sc += qs[i] * v.x + qs[i + 1] * v.y + qs[i + 2] * v.z + qs[i + 3] * v.w;
-        }
-        return sc;
-    }
-    for (int i = 0; i < hs; i += 2) {
-        const float2 v = kv_load2(k + i);
-        sc += qs[i] * v.x + qs[i + 1] * v.y;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 v = __half22float2(h[j]);
+        sc += qs[2 * j] * v.x + qs[2 * j + 1] * v.y;
     }
     return sc;
 }
-__device__ __forceinline__ float qk_dot(const float *qs, const __half *k, int hs) {
+
+// q . k over head_size (even) elements: 16-byte loads where head_size fills them (k is then
+// 16-byte aligned), else pairs.
+template <typename KV>
+__device__ __forceinline__ float qk_dot(const float *qs, const KV *k, int hs) {
+    constexpr int kPer16 = 16 / sizeof(KV);
     float sc = 0.0f;
-    if (hs % 8 == 0) {
+    if (hs % kPer16 == 0) {
 #pragma unroll 4
-        for (int i = 0; i < hs; i += 8) {
-            const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(k + i));
-            const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 v = __half22float2(h[j]);
-                sc += qs[i + 2 * j] * v.x + qs[i + 2 * j + 1] * v.y;
-            }
-        }
+        for (int i = 0; i < hs; i += kPer16) sc += dot_16_bytes(qs + i, k + i);
         return sc;
     }
     for (int i = 0; i < hs; i += 2) {
