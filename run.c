@@ -360,6 +360,10 @@ static void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     e->s.att = xcalloc(e->cfg.seq_len, sizeof(float));
 }
 
+// The linear weights: the 7 per-layer arrays (one block) and the classifier.
+static int n_linear(const Config *c) { return 7 * c->n_layers + 1; }
+static Mat *linear_at(Weights *w, const Config *c, int i) { return i < 7 * c->n_layers ? &w->wq[i] : &w->wcls; }
+
 // ----------------------------------------------------------------------------
 // forward: the whole model, once, for any executor.
 // forward runs tokens[0..M) of sequence 0 at positions pos..pos+M-1; forward_batch runs one
@@ -658,10 +662,6 @@ static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gp
 static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                  gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
                                  gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
-
-// The linear weights: the 7 per-layer arrays (one block) and the classifier.
-static int n_linear(const Config *c) { return 7 * c->n_layers + 1; }
-static Mat *linear_at(Weights *w, const Config *c, int i) { return i < 7 * c->n_layers ? &w->wq[i] : &w->wcls; }
 
 // Largest linear weight, and all of them together, in elements (the unfused and FP16 paths).
 static size_t largest_mat(const Model *m, size_t *all_elems) {
@@ -1088,8 +1088,8 @@ static size_t weight_bytes_per_token(const Model *m, int fp16) {
     const Weights *w = &m->w;
     const Mat *e = &w->tok_embedding;
     size_t bytes = (mat_bytes(e) / e->rows) + ((size_t)2 * m->cfg.n_layers + 1) * m->cfg.dim * sizeof(float);
-    for (int i = 0; i <= 7 * m->cfg.n_layers; i++) {   // the 7 per-layer arrays are one block; then wcls
-        const Mat *l = i < 7 * m->cfg.n_layers ? &w->wq[i] : &w->wcls;
+    for (int i = 0; i < n_linear(&m->cfg); i++) {
+        const Mat *l = linear_at((Weights *)w, &m->cfg, i);
         bytes += fp16 ? (size_t)l->rows * l->cols * 2 : mat_bytes(l);
     }
     return bytes;
@@ -1102,12 +1102,17 @@ static double kv_bytes_at(const Exec *e, int pos) {
     return 2.0 * p->n_layers * (pos + 1) * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
 }
 
-// Prints a piece of text; 0, or -1 with the reason in err if stdout is gone (a closed pipe).
-static int emit(const char *piece, char *err) {
-    safe_print(piece);
+// Flushes stdout: 0, or -1 with the reason in err if it is gone (a closed pipe).
+static int flush_stdout(char *err) {
     if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
     snprintf(err, ERR_LEN, "writing the output failed: %s", strerror(errno));
     return -1;
+}
+
+// Prints a piece of text, then flush_stdout.
+static int emit(const char *piece, char *err) {
+    safe_print(piece);
+    return flush_stdout(err);
 }
 
 // Runs tokens[0..n) at positions pos.. in chunks of MAX_BATCH; returns the last token's logits.
@@ -1469,8 +1474,8 @@ int main(int argc, char **argv) {
             status = 1;
         } else {
             printf("perplexity %.4f over %d predicted tokens (%s, %s %s)\n", ppl, n_pred, a.ppl_file, a.device, path_name);
-            if (fflush(stdout) != 0) {
-                fprintf(stderr, "run: writing the output failed: %s\n", strerror(errno));
+            if (flush_stdout(err)) {
+                fprintf(stderr, "run: %s\n", err);
                 status = 1;
             }
         }

@@ -23,8 +23,10 @@
 
 #if defined(FUZZ_QUANTIZE_ARGS)
 #define QUANTIZE_NO_MAIN
+#define PROGRAM "quantize"
 #include "../../quantize.c"
 #else
+#define PROGRAM "run"
 #define RUN_NO_MAIN
 #include "../../run.c"
 #include "../ref_encode.h"
@@ -148,24 +150,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
 }
 
-#elif defined(FUZZ_RUN_ARGS)
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size > 4096) return 0;
-    char *buf = malloc(size + 1), *argv[34], err[ERR_LEN] = "";
-    int argc = split_args(data, size, buf, argv, "run");
+#elif defined(FUZZ_RUN_ARGS) || defined(FUZZ_QUANTIZE_ARGS)
+// The program's own parser (run's or quantize's): 0, or non-zero with the reason in err.
+static int parse_args(int argc, char **argv, char *err) {
+#if defined(FUZZ_RUN_ARGS)
     CliArgs a;
-    if (parse_cli(argc, argv, &a, err) != 0 && !err[0]) abort();   // a refusal says why
-    free(buf);
-    return 0;
+    return parse_cli(argc, argv, &a, err);
+#else
+    QuantizeArgs a;
+    return parse_quantize_args(argc, argv, &a, err);
+#endif
 }
 
-#elif defined(FUZZ_QUANTIZE_ARGS)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 4096) return 0;
     char *buf = malloc(size + 1), *argv[34], err[ERR_LEN] = "";
-    int argc = split_args(data, size, buf, argv, "quantize");
-    QuantizeArgs a;
-    if (parse_quantize_args(argc, argv, &a, err) != 0 && !err[0]) abort();
+    int argc = split_args(data, size, buf, argv, PROGRAM);
+    if (parse_args(argc, argv, err) != 0 && !err[0]) abort();   // a refusal says why
     free(buf);
     return 0;
 }
