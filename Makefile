@@ -6,8 +6,9 @@ CC      ?= gcc
 CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter
 LDLIBS  := -lm -lpthread
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-# sm_90 machine code for the H200, plus PTX so that newer GPUs can JIT it
-NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+# sm_90a machine code for the H200 (wgmma needs the "a" target), plus PTX so that newer GPUs can JIT
+# it (the wgmma kernel compiles to nothing there and is not dispatched: kernels.cu wgmma_available)
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Wextra -lineinfo
 SHARED_MODELS ?= ../shared/models
 

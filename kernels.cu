@@ -393,7 +393,47 @@ __device__ __forceinline__ void load_x16h(uint32_t out[8], const Q8MmaArgs &a, i
     }
 }
 
+// One 64-wide step's operands for one lane: 16 weight bytes of rows a and b, their group scales,
+// and 16 x16 values of each token tile.
 template <int kTiles>
+struct MmaStep {
+    int4 wa, wb;
+    float sca, scb;
+    uint32_t xw[kTiles][8];
+};
+
+template <int kTiles>
+__device__ __forceinline__ void mma_load_step(MmaStep<kTiles> &o, const Q8MmaArgs &a, const int8_t *qa, const int8_t *qb,
+                                              const float *sa, const float *sb, int step, int tok0, int t, int g) {
+    const int k = step * kMmaStep + 16 * t;   // this lane's 16 weights of the step
+    const bool in_row = k < a.stride;         // stride % 16 == 0: all 16 bytes or none
+    o.wa = in_row ? load_stream(qa + k) : make_int4(0, 0, 0, 0);
+    o.wb = in_row ? load_stream(qb + k) : make_int4(0, 0, 0, 0);
+    const int group = min(step * kMmaStep / a.gs, a.groups - 1);
+    o.sca = __ldg(sa + group), o.scb = __ldg(sb + group);
+#pragma unroll
+    for (int i = 0; i < kTiles; i++) load_x16h(o.xw[i], a, tok0 + 8 * i + g, k);
+}
+
+template <int kTiles>
+__device__ __forceinline__ void mma_use_step(float acc[kTiles][4], const MmaStep<kTiles> &o) {
+    const uint32_t wa_w[4] = {(uint32_t)o.wa.x, (uint32_t)o.wa.y, (uint32_t)o.wa.z, (uint32_t)o.wa.w};
+    const uint32_t wb_w[4] = {(uint32_t)o.wb.x, (uint32_t)o.wb.y, (uint32_t)o.wb.z, (uint32_t)o.wb.w};
+#pragma unroll
+    for (int i = 0; i < kTiles; i++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s4 = 0; s4 < 4; s4++)
+            mma_16816(d, int8x2_to_half2(wa_w[s4], 0), int8x2_to_half2(wb_w[s4], 0), int8x2_to_half2(wa_w[s4], 1),
+                      int8x2_to_half2(wb_w[s4], 1), o.xw[i][2 * s4], o.xw[i][2 * s4 + 1]);
+        acc[i][0] = fmaf(d[0], o.sca, acc[i][0]), acc[i][1] = fmaf(d[1], o.sca, acc[i][1]);
+        acc[i][2] = fmaf(d[2], o.scb, acc[i][2]), acc[i][3] = fmaf(d[3], o.scb, acc[i][3]);
+    }
+}
+
+// kUnroll steps' loads are issued before the first is used: at small M the kernel is a weight
+// stream, and one step (1 KB per warp) in flight was too little to cover DRAM latency.
+template <int kTiles, int kUnroll>
 __global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs a) {
     __shared__ float part[kMmaWarps][16][8 * kTiles];   // each warp's partial sums: rows x tokens
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -406,27 +446,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs 
 #pragma unroll
     for (int i = 0; i < kTiles; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int steps = (a.stride + kMmaStep - 1) / kMmaStep;
-    for (int step = warp; step < steps; step += kMmaWarps) {
-        const int k = step * kMmaStep + 16 * t;   // this lane's 16 weights of the step
-        const bool in_row = k < a.stride;         // stride % 16 == 0: all 16 bytes or none
-        const int4 wa = in_row ? load_stream(qa + k) : make_int4(0, 0, 0, 0);
-        const int4 wb = in_row ? load_stream(qb + k) : make_int4(0, 0, 0, 0);
-        const int group = min(step * kMmaStep / a.gs, a.groups - 1);
-        const float sca = __ldg(sa + group), scb = __ldg(sb + group);
-        const uint32_t wa_w[4] = {(uint32_t)wa.x, (uint32_t)wa.y, (uint32_t)wa.z, (uint32_t)wa.w};
-        const uint32_t wb_w[4] = {(uint32_t)wb.x, (uint32_t)wb.y, (uint32_t)wb.z, (uint32_t)wb.w};
+    for (int first = warp; first < steps; first += kMmaWarps * kUnroll) {
+        MmaStep<kTiles> st[kUnroll];
 #pragma unroll
-        for (int i = 0; i < kTiles; i++) {
-            uint32_t xw[8];
-            load_x16h(xw, a, tok0 + 8 * i + g, k);
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int u = 0; u < kUnroll; u++)
+            if (first + u * kMmaWarps < steps) mma_load_step(st[u], a, qa, qb, sa, sb, first + u * kMmaWarps, tok0, t, g);
 #pragma unroll
-            for (int s4 = 0; s4 < 4; s4++)
-                mma_16816(d, int8x2_to_half2(wa_w[s4], 0), int8x2_to_half2(wb_w[s4], 0), int8x2_to_half2(wa_w[s4], 1),
-                          int8x2_to_half2(wb_w[s4], 1), xw[2 * s4], xw[2 * s4 + 1]);
-            acc[i][0] = fmaf(d[0], sca, acc[i][0]), acc[i][1] = fmaf(d[1], sca, acc[i][1]);
-            acc[i][2] = fmaf(d[2], scb, acc[i][2]), acc[i][3] = fmaf(d[3], scb, acc[i][3]);
-        }
+        for (int u = 0; u < kUnroll; u++)
+            if (first + u * kMmaWarps < steps) mma_use_step<kTiles>(acc, st[u]);
     }
     // D fragment: d0, d1 = (row g, tokens 2t, 2t + 1), d2, d3 = (row g + 8, the same tokens)
 #pragma unroll
@@ -443,6 +470,209 @@ __global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs 
         if (row < a.N && token < a.M) {
             float *dst = a.y + (size_t)token * a.N + row;
             *dst = a.accumulate ? *dst + sum : sum;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Fused dequant-GEMM on Hopper's warpgroup MMA (wgmma, sm_90a), for prefill-sized M:
+// y (M, N) = xp (M, Kp) W^T, W int8 dequantized in registers and fed as wgmma's A operand.
+//
+//   block: 128 rows of W x 128 tokens, two warpgroups of 64 rows; warp j of a warpgroup holds
+//   16 rows, lane (g, t) rows g and g + 8, loading their 16 bytes [16t, 16t + 16) of each 64-wide
+//   step straight from global memory into registers (one step ahead), as in q8_mma_kernel.
+//   x: a ring of kWgStages tiles in shared memory (128 tokens x 64 k, FP16, 16 KB), filled with
+//   cp.async in the 128-byte swizzle wgmma's descriptor names; wgmma reads B from there.
+//   xp is x in FP16 with each 64-wide block's k permuted (float_to_half_perm_kernel) the way the
+//   A fragments take the weight bytes, so both sides see the same order and every load is 16 bytes.
+//   Scales: the group scale multiplies the weights in FP16 before the MMA (the accumulators stay
+//   across groups); to keep them in FP16's normal range each row's scales are first multiplied by
+//   a power of two putting the row's largest at [256, 512) (|q s'| <= 127 * 512 < 65504), and the
+//   row's sums divided by it at the end, exactly.
+//   Error: x, s' and q s' each rounded to FP16 (2^-11 relative): |y - exact| <= about
+//   1.5e-3 * sum_k |w x|, plus FP32 accumulation.
+constexpr int kWgRows = 128, kWgTokens = 128, kWgStages = 4, kWgAhead = kWgStages - 1;
+constexpr int kWgTileBytes = kWgTokens * kMmaStep * 2;
+constexpr int kWgSmem = kWgStages * kWgTileBytes + 1024;   // + room to align the ring to 1024
+
+struct Q8WgArgs {
+    const int8_t *q;    // (N, stride)
+    const float *s;     // (N, groups)
+    const __half *xp;   // (M, Kp), k permuted within each 64
+    float *y;           // (M, N)
+    int M, N, Kp, stride, groups, gs, accumulate;
+};
+
+// The k order inside one 64-wide step: position 16 s + j holds k = perm(16 s + j), where lane t's
+// A registers of MMA k-step s take its weight bytes 16t + 4s + {0, 1} (slots 2t, 2t + 1) and
+// 16t + 4s + {2, 3} (slots 2t + 8, 2t + 9).
+__host__ __device__ __forceinline__ int mma_k_perm(int pos) {
+    const int s = pos / 16, j = pos % 16;
+    return 16 * ((j & 7) >> 1) + 4 * s + ((j >> 3) << 1) + (j & 1);
+}
+
+// xp (M, Kp) FP16 = x (M, K) with each 64-wide block permuted; zero past K.
+__global__ void float_to_half_perm_kernel(__half *__restrict__ xp, const float *__restrict__ x, int M, int K, int Kp) {
+    pdl_wait_then_release();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * Kp) return;
+    const int m = (int)(i / Kp), pos = (int)(i % Kp);
+    const int k = pos / kMmaStep * kMmaStep + mma_k_perm(pos % kMmaStep);
+    xp[i] = __float2half_rn(k < K ? x[(size_t)m * K + k] : 0.0f);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_SM90A 1
+#else
+#define WG_SM90A 0
+#endif
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+
+// One x tile (128 tokens x 64 k of step) into shared memory at tile (1024-aligned): token row n's
+// 16-byte chunk c goes to chunk c ^ (n % 8) (the 128-byte swizzle); tokens past M are zero-filled.
+__device__ __forceinline__ void wg_load_x_tile(uint32_t tile, const Q8WgArgs &a, int tok0, int step) {
+#pragma unroll
+    for (int i = 0; i < kWgTokens * 8 / 256; i++) {
+        const int chunk = threadIdx.x + 256 * i, n = chunk / 8, c = chunk % 8;
+        const bool in = tok0 + n < a.M;
+        const __half *src = in ? a.xp + (size_t)(tok0 + n) * a.Kp + step * kMmaStep + 8 * c : a.xp;
+        cp_async_16(tile + n * 128 + ((c ^ (n & 7)) << 4), src, in ? 16 : 0);
+    }
+}
+
+// wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// d (64 x 128 per warpgroup, FP32) += A (64 x 16, FP16 registers) B (16 x 128, shared memory).
+__device__ __forceinline__ void wgmma_64x128x16(float d[64], const uint32_t a[4], uint64_t desc) {
+#if WG_SM90A
+#define WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+        : WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+#undef WG_D8
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if WG_SM90A
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if WG_SM90A
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#if WG_SM90A
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#endif
+}
+// cp.async wrote the tile through the generic proxy; wgmma reads it through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+#if WG_SM90A
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// The power of two that puts a row's largest scale at [256, 512): max over its groups, the four
+// lanes of a row each taking every fourth group.
+__device__ __forceinline__ float wg_row_factor(const float *srow, int groups, int t) {
+    float m = 0.0f;
+    for (int i = t; i < groups; i += 4) m = fmaxf(m, fabsf(__ldg(srow + i)));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    if (!(m > 0.0f) || isinf(m)) return 1.0f;
+    int e;
+    frexpf(m, &e);   // m in [2^(e-1), 2^e)
+    return ldexpf(1.0f, max(-120, min(120, 9 - e)));
+}
+
+// Two int8 of word (bytes lo, lo + 1) times an FP16 scale pair.
+__device__ __forceinline__ uint32_t int8x2_scaled(uint32_t word, int hi, __half2 scale) {
+    const uint32_t h = int8x2_to_half2(word, hi);
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2 *>(&h), scale);
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
+__global__ void __launch_bounds__(256, 1) q8_wgmma_kernel(const Q8WgArgs a) {
+    extern __shared__ unsigned char wg_smem[];
+    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int tok0 = blockIdx.x * kWgTokens, row0 = blockIdx.y * kWgRows + threadIdx.x / 32 * 16;
+    const int ra = min(row0 + g, a.N - 1), rb = min(row0 + g + 8, a.N - 1);   // past N: repeat the last, never written
+    const int8_t *qa = a.q + (size_t)ra * a.stride, *qb = a.q + (size_t)rb * a.stride;
+    const float *sa = a.s + (size_t)ra * a.groups, *sb = a.s + (size_t)rb * a.groups;
+    const int steps = a.Kp / kMmaStep;
+    pdl_wait_then_release();
+    // kWgAhead tiles in flight: the tile a step overwrites was read by the step before, whose
+    // wgmma every warpgroup waited for before this step's barrier
+#pragma unroll
+    for (int st = 0; st < kWgAhead; st++) {
+        if (st < steps) wg_load_x_tile(ring + st * kWgTileBytes, a, tok0, st);
+        cp_async_commit();
+    }
+    const float fa = wg_row_factor(sa, a.groups, t), fb = wg_row_factor(sb, a.groups, t);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    int4 wa = 16 * t < a.stride ? load_stream(qa + 16 * t) : make_int4(0, 0, 0, 0);   // step 0's weights
+    int4 wb = 16 * t < a.stride ? load_stream(qb + 16 * t) : make_int4(0, 0, 0, 0);
+    float sca = __ldg(sa), scb = __ldg(sb);
+    for (int step = 0; step < steps; step++) {
+        const int4 ca = wa, cb = wb;
+        const __half2 sa2 = __float2half2_rn(sca * fa), sb2 = __float2half2_rn(scb * fb);
+        if (step + 1 < steps) {   // the next step's weights and scales, in flight during this one
+            const int k = (step + 1) * kMmaStep + 16 * t, group = min((step + 1) * kMmaStep / a.gs, a.groups - 1);
+            wa = k < a.stride ? load_stream(qa + k) : make_int4(0, 0, 0, 0);
+            wb = k < a.stride ? load_stream(qb + k) : make_int4(0, 0, 0, 0);
+            sca = __ldg(sa + group), scb = __ldg(sb + group);
+        }
+        cp_async_wait<kWgAhead - 1>();   // this step's tile has landed (one group committed per step)
+        fence_proxy_async();
+        __syncthreads();
+        if (step + kWgAhead < steps)
+            wg_load_x_tile(ring + (step + kWgAhead) % kWgStages * kWgTileBytes, a, tok0, step + kWgAhead);
+        cp_async_commit();
+        const uint32_t wa_w[4] = {(uint32_t)ca.x, (uint32_t)ca.y, (uint32_t)ca.z, (uint32_t)ca.w};
+        const uint32_t wb_w[4] = {(uint32_t)cb.x, (uint32_t)cb.y, (uint32_t)cb.z, (uint32_t)cb.w};
+        uint32_t frag[4][4];
+#pragma unroll
+        for (int s4 = 0; s4 < 4; s4++) {
+            frag[s4][0] = int8x2_scaled(wa_w[s4], 0, sa2), frag[s4][1] = int8x2_scaled(wb_w[s4], 0, sb2);
+            frag[s4][2] = int8x2_scaled(wa_w[s4], 1, sa2), frag[s4][3] = int8x2_scaled(wb_w[s4], 1, sb2);
+        }
+        const uint32_t tile = ring + step % kWgStages * kWgTileBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int s4 = 0; s4 < 4; s4++) wgmma_64x128x16(acc, frag[s4], wg_desc(tile + 32 * s4));
+        wgmma_commit();
+        wgmma_wait_all();   // frag's registers are read by the MMA until it completes
+    }
+    cp_async_wait<0>();
+    // D fragment of warp j: acc[4i + {0, 1}] = (row g, tokens 8i + 2t + {0, 1}), acc[4i + {2, 3}] = row g + 8
+    const float inv_a = 1.0f / fa, inv_b = 1.0f / fb;
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        const int row = row0 + g + (i & 2 ? 8 : 0), token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
+        if (row < a.N && token < a.M) {
+            const float v = acc[i] * (i & 2 ? inv_b : inv_a);
+            float *dst = a.y + (size_t)token * a.N + row;
+            *dst = a.accumulate ? *dst + v : v;
         }
     }
 }
@@ -1021,11 +1251,12 @@ extern "C" void gpu_to_half(GpuCtx *g, void *dst, const Mat *w) {
            (__half *)dst, w->rows, w->cols, w->stride, w->groups, w->gs, w->q, w->s, w->f);
 }
 
-// Token tiles of 8 per block: the power of two covering M, at most 8 (64 tokens a block).
-template <int kTiles>
+// Token tiles of 8 per block: the power of two covering M, at most 8 (64 tokens a block); the
+// fewer tiles, the more steps each warp keeps in flight (registers: kTiles * kUnroll x fragments).
+template <int kTiles, int kUnroll>
 static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
     dim3 grid(ceil_div_i(a.M, 8 * kTiles), ceil_div_i(a.N, 16));
-    launch(g, "q8_mma_kernel", q8_mma_kernel<kTiles>, grid, dim3(kMmaWarps * 32), 0, a);
+    launch(g, "q8_mma_kernel", q8_mma_kernel<kTiles, kUnroll>, grid, dim3(kMmaWarps * 32), 0, a);
 }
 
 // grid.y holds the row blocks: at most 65535 of 16 rows
@@ -1033,19 +1264,61 @@ extern "C" int gpu_matmul_q8_mma_supported(const Mat *w) {
     return w->q && w->gs % kMmaStep == 0 && w->rows <= 65535 * 16;
 }
 
-extern "C" void gpu_matmul_q8_mma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
-    if (!gpu_matmul_q8_mma_supported(w) || (size_t)M * w->cols > g->half_floats) {
+// wgmma needs sm_90a machine code, which this build carries for compute capability 9.0 only.
+static int wgmma_available(void) {
+    static int available = -1;
+    if (available < 0) {
+        int dev = 0, major = 0, minor = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        available = major == 9 && minor == 0;
+        if (available) CUDA_CHECK(cudaFuncSetAttribute(q8_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem));
+    }
+    return available;
+}
+
+static void matmul_q8_mma_sync(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    launch(g, "float_to_half_kernel", float_to_half_kernel, dim3(ceil_div_i((long long)M * w->cols, 256)), dim3(256), 0,
+           g->x_half, x, M * w->cols);
+    const Q8MmaArgs a = {w->q, w->s, g->x_half, y, M, w->rows, w->cols, w->stride, w->groups, w->gs, accumulate};
+    if (M <= 8) launch_q8_mma<1, 4>(g, a);
+    else if (M <= 16) launch_q8_mma<2, 2>(g, a);
+    else if (M <= 32) launch_q8_mma<4, 1>(g, a);
+    else launch_q8_mma<8, 1>(g, a);
+}
+
+static void matmul_q8_wgmma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    const int Kp = round_up(w->cols, kMmaStep);
+    launch(g, "float_to_half_perm_kernel", float_to_half_perm_kernel, dim3(ceil_div_i((long long)M * Kp, 256)), dim3(256),
+           0, g->x_half, x, M, w->cols, Kp);
+    const Q8WgArgs a = {w->q, w->s, g->x_half, y, M, w->rows, Kp, w->stride, w->groups, w->gs, accumulate};
+    launch(g, "q8_wgmma_kernel", q8_wgmma_kernel, dim3(ceil_div_i(M, kWgTokens), ceil_div_i(w->rows, kWgRows)), dim3(256),
+           kWgSmem, a);
+}
+
+// From this many tokens on, the wgmma kernel (128-token tiles) beats mma.sync's (measured: bench
+// kernel_bench --across-m, columns tc-mma and tc-wgmma).
+#define WGMMA_MIN_TOKENS 64
+
+extern "C" void gpu_matmul_q8_tc(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, int kernel) {
+    const size_t x_half_need = (size_t)M * round_up(w->cols, kMmaStep);
+    if (!gpu_matmul_q8_mma_supported(w) || x_half_need > g->half_floats) {
         fprintf(stderr, "run: tensor-core matmul: group size %d (needs a multiple of %d) or %d x %d inputs (scratch %zu)\n",
                 w->gs, kMmaStep, M, w->cols, g->half_floats);
         exit(1);
     }
-    launch(g, "float_to_half_kernel", float_to_half_kernel, dim3(ceil_div_i((long long)M * w->cols, 256)), dim3(256), 0,
-           g->x_half, x, M * w->cols);
-    const Q8MmaArgs a = {w->q, w->s, g->x_half, y, M, w->rows, w->cols, w->stride, w->groups, w->gs, accumulate};
-    if (M <= 8) launch_q8_mma<1>(g, a);
-    else if (M <= 16) launch_q8_mma<2>(g, a);
-    else if (M <= 32) launch_q8_mma<4>(g, a);
-    else launch_q8_mma<8>(g, a);
+    if (kernel == TC_AUTO) kernel = M >= WGMMA_MIN_TOKENS && wgmma_available() ? TC_WGMMA : TC_MMA_SYNC;
+    if (kernel == TC_WGMMA && !wgmma_available()) {
+        fprintf(stderr, "run: the wgmma kernel needs a GPU of compute capability 9.0\n");
+        exit(1);
+    }
+    if (kernel == TC_WGMMA) matmul_q8_wgmma(g, y, x, M, w, accumulate);
+    else matmul_q8_mma_sync(g, y, x, M, w, accumulate);
+}
+
+extern "C" void gpu_matmul_q8_mma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    gpu_matmul_q8_tc(g, y, x, M, w, accumulate, TC_AUTO);
 }
 
 extern "C" void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {

@@ -26,7 +26,8 @@
 #include "kernels.h"
 #endif
 
-#define MAX_BATCH 64   // tokens per forward call: prompts are prefilled in chunks of this many
+#define MAX_TOKENS 512   // tokens per forward call: prompts are prefilled in chunks of this many
+#define MAX_SEQS 64      // sequences decoded together (--batch)
 #define BOS 1          // llama2.c's tokenizer: 1 begins a sequence, 2 ends it
 
 static long time_in_us(void) {
@@ -49,12 +50,12 @@ static void *xcalloc(size_t n, size_t size) {
 
 // Activations and the KV cache; host memory for the CPU executor, device memory for the GPU's.
 typedef struct {
-    float *x, *xb;                    // (MAX_BATCH, dim): residual stream, normed input / attention output
-    float *q;                         // (MAX_BATCH, dim)
-    float *k, *v;                     // (MAX_BATCH, kv_dim): the new tokens' keys and values
-    float *hb, *hb2;                  // (MAX_BATCH, hidden_dim)
+    float *x, *xb;                    // (MAX_TOKENS, dim): residual stream, normed input / attention output
+    float *q;                         // (MAX_TOKENS, dim)
+    float *k, *v;                     // (MAX_TOKENS, kv_dim): the new tokens' keys and values
+    float *hb, *hb2;                  // (MAX_TOKENS, hidden_dim)
     float *att;                       // CPU: (seq_len) scores of one head
-    float *logits;                    // (MAX_BATCH, vocab)
+    float *logits;                    // (MAX_TOKENS, vocab)
     // (n_seqs, layer, seq_len, kv_dim): FP32 on the CPU; on the GPU FP16, or FP32 with --kv-fp32.
     // seq_len is the executor's context (cfg.seq_len, which batch runs may shorten).
     void *key_cache, *value_cache;
@@ -322,8 +323,8 @@ typedef struct {
 // cache: one sequence's; n_seqs of them are allocated.
 static StateSizes state_sizes(const Config *p) {
     size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads;
-    return (StateSizes){(size_t)MAX_BATCH * p->dim, MAX_BATCH * kv_dim, (size_t)MAX_BATCH * p->hidden_dim,
-                        (size_t)MAX_BATCH * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
+    return (StateSizes){(size_t)MAX_TOKENS * p->dim, MAX_TOKENS * kv_dim, (size_t)MAX_TOKENS * p->hidden_dim,
+                        (size_t)MAX_TOKENS * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
 }
 
 // kv_bytes: bytes per KV cache element (4: FP32, 2: FP16); n_seqs caches.
@@ -367,7 +368,7 @@ static Mat *linear_at(Weights *w, const Config *c, int i) { return i < 7 * c->n_
 // ----------------------------------------------------------------------------
 // forward: the whole model, once, for any executor.
 // forward runs tokens[0..M) of sequence 0 at positions pos..pos+M-1; forward_batch runs one
-// token of each of B sequences, all at position pos (M <= MAX_BATCH, B <= n_seqs, positions
+// token of each of B sequences, all at position pos (M <= MAX_TOKENS, B <= n_seqs, positions
 // within the context; ids are checked). Both return the executor's logits buffer: M rows of
 // vocab_size when all_logits (always for a batch), else one row, the last token's.
 
@@ -382,7 +383,7 @@ static const float *run_layers(Exec *e, const int *tokens, int M, int pos, int a
             fprintf(stderr, "run: token id %d is outside the vocabulary [0, %d)\n", tokens[m], p->vocab_size);
             exit(1);
         }
-    if (M < 1 || M > MAX_BATCH || pos < 0 || pos + span > p->seq_len) {
+    if (M < 1 || M > MAX_TOKENS || pos < 0 || pos + span > p->seq_len) {
         fprintf(stderr, "run: forward of %d tokens at position %d: outside the context of %d\n", M, pos, p->seq_len);
         exit(1);
     }
@@ -455,7 +456,7 @@ typedef struct {
     void *d_half;               // --fp16: every linear weight as dense FP16, one block
     float *att_part;            // the split attention's partial results
     const Model *model;         // host side, for translating pointers
-    float *host_logits;         // (MAX_BATCH, vocab)
+    float *host_logits;         // (MAX_TOKENS, vocab)
     GpuOptions opt;
     GpuGraph *graph;            // the captured decode step, once made
     int capturing;
@@ -522,9 +523,10 @@ static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w,
 }
 
 // The paths differ only here: how a linear layer is done.
-// Batches of more than TC_MIN_TOKENS tokens (prefill) take the tensor-core kernel where the group
-// size allows; fewer (decode) the SIMT GEMV, which streams the weights with fewer instructions.
-#define TC_MIN_TOKENS 8
+// Batches of more than TC_MIN_TOKENS tokens (prefill, --batch) take the tensor-core kernels where the
+// group size allows; a single token (decode) the SIMT GEMV, which streams the weights with fewer
+// instructions (measured: bench/kernel_bench --across-m, fused against fused-tc).
+#define TC_MIN_TOKENS 1
 static int use_tensor_cores(const Exec *e, int M, const Mat *w) {
     return M > TC_MIN_TOKENS && GPU(e)->opt.tensor_cores && gpu_matmul_q8_mma_supported(w);
 }
@@ -717,12 +719,12 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     }
     StateSizes z = state_sizes(p);
     size_t all_elems, largest = largest_mat(m, &all_elems);
-    size_t part = gpu_attention_part_floats(MAX_BATCH, p->n_heads, head_size, p->seq_len);
+    size_t part = gpu_attention_part_floats(MAX_TOKENS, p->n_heads, head_size, p->seq_len);
     size_t weights = m->map_bytes + m->owned_bytes + (opt.path == PATH_FP16 ? all_elems * 2 : 0);
     size_t kv = 2 * z.cache * kv_bytes * n_seqs;
     size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
     size_t scratch = m->quantized && opt.path == PATH_UNFUSED ? largest : 0, free_b, total_b;
-    size_t half_in = (size_t)MAX_BATCH * (p->dim > p->hidden_dim ? p->dim : p->hidden_dim);   // FP16 inputs: --fp16, tensor cores
+    size_t half_in = (size_t)MAX_TOKENS * round_up(p->dim > p->hidden_dim ? p->dim : p->hidden_dim, 64);   // FP16 inputs: --fp16, tensor cores (K padded to 64)
     size_t need = weights + kv + acts + scratch * sizeof(float) + half_in * 2 + ((size_t)512 << 20);   // + cuBLAS, context
     gpu_mem_info(&free_b, &total_b);
     if (need > free_b) {
@@ -1115,11 +1117,11 @@ static int emit(const char *piece, char *err) {
     return flush_stdout(err);
 }
 
-// Runs tokens[0..n) at positions pos.. in chunks of MAX_BATCH; returns the last token's logits.
+// Runs tokens[0..n) at positions pos.. in chunks of MAX_TOKENS; returns the last token's logits.
 static const float *prefill(Exec *e, const int *tokens, int n, int pos) {
     const float *logits = NULL;
-    for (int done = 0; done < n; done += MAX_BATCH) {
-        int M = n - done < MAX_BATCH ? n - done : MAX_BATCH;
+    for (int done = 0; done < n; done += MAX_TOKENS) {
+        int M = n - done < MAX_TOKENS ? n - done : MAX_TOKENS;
         logits = forward(e, tokens + done, M, pos + done, 0);
     }
     return logits;
@@ -1270,8 +1272,8 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
     double total = 0.0;
     for (int start = 0; start + 1 < n; start += window - 1) {
         int len = n - start < window ? n - start : window;
-        for (int done = 0; done < len; done += MAX_BATCH) {
-            int M = len - done < MAX_BATCH ? len - done : MAX_BATCH;
+        for (int done = 0; done < len; done += MAX_TOKENS) {
+            int M = len - done < MAX_TOKENS ? len - done : MAX_TOKENS;
             const float *logits = e->ops->to_host(e, forward(e, tokens + start + done, M, done, 1), M);
             for (int m = 0; m < M; m++)
                 if (done + m + 1 < len) total += nll(logits + (size_t)m * V, V, tokens[start + done + m + 1]);
@@ -1346,7 +1348,7 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         else if (!strcmp(f, "-t")) rc = parse_float(f, v, 0.0f, FLT_MAX, &a->temperature, err);
         else if (!strcmp(f, "--top-p")) rc = parse_float(f, v, 0.0f, 1.0f, &a->topp, err);
         else if (!strcmp(f, "-s")) rc = parse_long(f, v, 0, LONG_MAX, &a->seed, err);
-        else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, MAX_BATCH, &a->batch, err);
+        else if (!strcmp(f, "--batch")) rc = parse_long(f, v, 1, MAX_SEQS, &a->batch, err);
         else if (!strcmp(f, "-z")) a->tokenizer = v;
         else if (!strcmp(f, "--ppl")) a->ppl_file = v;
         else if (!strcmp(f, "--device")) a->device = v;

@@ -156,8 +156,9 @@ static int profile_once(int N, int K, int gs) {
 
 // ----------------------------------------------------------------------------
 // --across-m: one 7B layer shape at M = 1 .. 512 through every path (issue: tensor-core GEMM):
-//   fused     gpu_matmul_q8_fused (SIMT, up to 8 tokens per block)
-//   fused-tc  gpu_matmul_q8_mma (tensor cores; x converted to FP16 inside, counted)
+//   simt      gpu_matmul_q8_fused (SIMT, up to 8 tokens per block): the engine's kernel at M = 1
+//   mma       gpu_matmul_q8_tc mma.sync (x converted to FP16 inside, counted): M = 2 .. 63
+//   wgmma     gpu_matmul_q8_tc wgmma (x converted and permuted inside, counted): M >= 64
 //   deq+f32   dequant kernel to FP32 + cuBLAS SGEMM (the engine's --unfused)
 //   deq+f16   dequant kernel to FP16 + cuBLAS FP16 GEMM
 //   f16       cuBLAS on resident FP16 weights (x converted to FP16 inside, counted)
@@ -203,7 +204,8 @@ struct MCase {
 };
 
 static void m_fused(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
-static void m_tc(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_mma(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
+static void m_mma(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_tc(k->g, k->y, k->x, k->M, &k->q8[c], 0, TC_MMA_SYNC); }
+static void m_wgmma(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_tc(k->g, k->y, k->x, k->M, &k->q8[c], 0, TC_WGMMA); }
 static void m_deq32(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
 static void m_deq16(int c, void *p) {
     MCase *k = (MCase *)p;
@@ -231,7 +233,7 @@ static int across_m(int gs, const char *csv_path) {
     const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
     const int Ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     struct Path { const char *name; LaunchFn fn; int weight_bytes; } paths[] = {
-        {"fused", m_fused, 1}, {"fused-tc", m_tc, 1}, {"deq+f32", m_deq32, 9}, {"deq+f16", m_deq16, 5},
+        {"simt", m_fused, 1}, {"mma", m_mma, 1}, {"wgmma", m_wgmma, 1}, {"deq+f32", m_deq32, 9}, {"deq+f16", m_deq16, 5},
         {"f16", m_f16, 2}, {"bf16", m_bf16, 2}, {"f32", m_f32, 4}, {"deq", m_deq, 5}, {"tiled", m_tiled, 9}};
     FILE *csv = fopen(csv_path, "w");
     if (!csv) { fprintf(stderr, "kernel_bench: cannot write %s\n", csv_path); return 1; }
@@ -270,20 +272,22 @@ static int across_m(int gs, const char *csv_path) {
         CK(cudaDeviceSynchronize());
         printf("\n%d x %d, group size %d: us | TFLOP/s | GB/s (weight bytes as read + x + y)\n%5s", k.N, k.K, gs, "M");
         for (auto &p : paths) printf(" | %-22s", p.name);
-        printf(" | fused-tc / f16\n");
+        printf(" | fused: f16/fused bf16/fused (fused = the engine's kernel at this M)\n");
         for (int M : Ms) {
             k.M = M;
             printf("%5d", M);
-            double t_tc = 0, t_f16 = 0;
+            double t_fused = 0, t_f16 = 0, t_bf16 = 0;
+            const char *engine = M == 1 ? "simt" : M < 64 ? "mma" : "wgmma";   // run.c / kernels.cu dispatch
             for (auto &p : paths) {
                 double us = time_us(p.fn, &k, copies, (cudaStream_t)gpu_stream(k.g));
                 double flops = 2.0 * M * n, bytes = (double)n * p.weight_bytes + (double)M * (k.K + k.N) * 4;
                 printf(" | %7.1f %6.1f %7.0f", us, flops / us / 1e6, bytes / us / 1e3);
                 fprintf(csv, "%dx%d,%d,%s,%.2f,%.3f,%.1f\n", k.N, k.K, M, p.name, us, flops / us / 1e6, bytes / us / 1e3);
-                if (!strcmp(p.name, "fused-tc")) t_tc = us;
+                if (!strcmp(p.name, engine)) t_fused = us;
                 if (!strcmp(p.name, "f16")) t_f16 = us;
+                if (!strcmp(p.name, "bf16")) t_bf16 = us;
             }
-            printf(" | %.2fx\n", t_f16 / t_tc);
+            printf(" | %-5s %5.2fx %5.2fx\n", engine, t_f16 / t_fused, t_bf16 / t_fused);
         }
         for (int c = 0; c < copies; c++) {
             CK(cudaFree((void *)k.q8[c].q)), CK(cudaFree(k.f32[c])), CK(cudaFree(k.f16[c])), CK(cudaFree(k.bf16[c]));

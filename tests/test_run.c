@@ -253,12 +253,16 @@ static double *ref_forward(const Model *m, const int *tokens, int T) {
 
 // Runs tokens through an executor: a batched prefill of `first` tokens, then one at a time.
 // Returns the logits of every position, (T, vocab), copied to host memory.
+// Prefill chunk of the tests: smaller than the engine's MAX_TOKENS, so that prompts of the small
+// models cross chunk boundaries.
+#define TEST_CHUNK 32
+
 static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
     int V = e->cfg.vocab_size;
     float *out = talloc((size_t)T * V * sizeof(float));
     for (size_t i = 0; i < (size_t)T * V; i++) out[i] = NAN;   // poison
     for (int pos = 0; pos < T;) {
-        int M = pos < first ? (first - pos < MAX_BATCH ? first - pos : MAX_BATCH) : 1;
+        int M = pos < first ? (first - pos < TEST_CHUNK ? first - pos : TEST_CHUNK) : 1;
         // single tokens go through the decode step (all_logits 0), which the GPU replays as a graph
         const float *l = e->ops->to_host(e, forward(e, tokens + pos, M, pos, M > 1), M);
         memcpy(out + (size_t)pos * V, l, (size_t)M * V * sizeof(float));
@@ -273,7 +277,7 @@ static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
 static float *batch_logits(Exec *e, const int *prompt, int n, const int *tok, int B, int steps) {
     int V = e->cfg.vocab_size;
     float *out = talloc((size_t)steps * B * V * sizeof(float));
-    for (int done = 0; done < n; done += MAX_BATCH) forward(e, prompt + done, n - done < MAX_BATCH ? n - done : MAX_BATCH, done, 0);
+    for (int done = 0; done < n; done += TEST_CHUNK) forward(e, prompt + done, n - done < TEST_CHUNK ? n - done : TEST_CHUNK, done, 0);
     e->ops->copy_cache(e, n);
     for (int st = 0; st < steps; st++) {
         const float *l = e->ops->to_host(e, forward_batch(e, tok + (size_t)st * B, B, n + st), B);
@@ -289,7 +293,7 @@ static float *separate_logits(const Model *m, const int *prompt, int n, const in
     for (int b = 0; b < B; b++) {
         Exec e;
         cpu_exec_init(&e, m, 1, context);
-        for (int done = 0; done < n; done += MAX_BATCH) forward(&e, prompt + done, n - done < MAX_BATCH ? n - done : MAX_BATCH, done, 0);
+        for (int done = 0; done < n; done += TEST_CHUNK) forward(&e, prompt + done, n - done < TEST_CHUNK ? n - done : TEST_CHUNK, done, 0);
         for (int st = 0; st < steps; st++) {
             const float *l = forward(&e, &tok[(size_t)st * B + b], 1, n + st, 0);
             memcpy(out + ((size_t)st * B + b) * V, l, V * sizeof(float));
@@ -327,7 +331,7 @@ static void test_cpu_batch(void) {
 static const Config small_shapes[] = {
     {48, 172, 2, 6, 2, 67, 24},    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
     {64, 100, 1, 4, 4, 50, 16},    // no grouping
-    {40, 56, 2, 5, 1, 33, 70},     // head size 8, ratio 5; a context longer than MAX_BATCH
+    {40, 56, 2, 5, 1, 33, 70},     // head size 8, ratio 5; a context longer than TEST_CHUNK
 };
 
 static void test_cpu_forward(void) {
@@ -852,18 +856,20 @@ static const char *check_linear(const float *y, const Mat *w, const float *x, in
     return check_linear_tol(y, w, x, M, 1e-5, what);
 }
 
-// The tensor-core kernel's bound: x rounded to FP16 (2^-11 = 4.88e-4 relative per element), plus
-// FP32 accumulation: 6e-4 of sum_k |w x|.
+// The tensor-core kernels' bounds, relative to sum_k |w x|: mma.sync rounds only x to FP16
+// (2^-11 = 4.88e-4 per element); wgmma also the scaled scale and the scaled weight (3 x 2^-11);
+// plus FP32 accumulation.
 #define MMA_REL_TOL 6e-4
+#define WGMMA_REL_TOL 1.6e-3
 
 static void test_gpu_linear(void) {
-    int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 3, 33, 2, 7, 16, 100};
+    int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 3, 33, 2, 7, 16, 100, 257};
     // --quick (instrumented runs): the first three K and M, every group size and N
     for (size_t ki = 0; ki < (quick ? 3 : sizeof Ks / sizeof Ks[0]); ki++)
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
-            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL;
+            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL, *fail_wg = NULL;
             int mma = 0;
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int N = Ns[ni];
@@ -887,14 +893,15 @@ static void test_gpu_linear(void) {
                     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
                     float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
                     mma = gpu_matmul_q8_mma_supported(&d);
-                    for (int path = 0; path < (mma ? 3 : 2); path++) {
+                    // paths: fused, unfused, then (gs % 64 == 0) mma.sync and wgmma, each at every M
+                    for (int path = 0; path < (mma ? 4 : 2); path++) {
                         dev_poison(dy, (size_t)M * N);
                         if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 0);
                         else if (path == 1) gpu_matmul_q8_unfused(gctx, dy, dx, M, &d, 0);
-                        else gpu_matmul_q8_mma(gctx, dy, dx, M, &d, 0);
+                        else gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 0, path == 2 ? TC_MMA_SYNC : TC_WGMMA);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                        const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : &fail_mma;
-                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, path == 2 ? MMA_REL_TOL : 1e-5, what);
+                        const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : path == 2 ? &fail_mma : &fail_wg;
+                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
                     }
                     // accumulate: y0 + x W^T, from a random y0
                     float *y0 = talloc((size_t)M * N * sizeof(float));
@@ -904,19 +911,20 @@ static void test_gpu_linear(void) {
                     gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
                     if (!fail_acc) fail_acc = check_linear(y, &h, x, M, what);
-                    if (mma) {   // the tensor-core kernel's accumulate too (error of y0 + ... includes y0's rounding)
+                    for (int kernel = TC_MMA_SYNC; mma && kernel <= TC_WGMMA; kernel++) {   // the tensor-core kernels' accumulate
                         gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
-                        gpu_matmul_q8_mma(gctx, dy, dx, M, &d, 1);
+                        gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 1, kernel);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                        for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
-                        if (!fail_mma) fail_mma = check_linear_tol(y, &h, x, M, MMA_REL_TOL + 1e-5, what);
+                        for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];   // includes y0's rounding
+                        const char **slot = kernel == TC_MMA_SYNC ? &fail_mma : &fail_wg;
+                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, (kernel == TC_MMA_SYNC ? MMA_REL_TOL : WGMMA_REL_TOL) + 1e-5, what);
                     }
                     gpu_free(dx), gpu_free(dy);
                 }
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
                 arena_free();
             }
-            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : 100);
+            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : 257);
             check(!fail_fused, name, "%s", fail_fused);
             snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
             check(!fail_acc, name, "%s", fail_acc);
@@ -924,9 +932,11 @@ static void test_gpu_linear(void) {
             check(!fail_unfused, name, "%s", fail_unfused);
             snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
             check(!fail_dequant, name, "%s", fail_dequant);
-            snprintf(name, sizeof name, "gpu tensor-core q8 matmul K=%d gs=%d, within 6e-4 sum|w x| (x in FP16)", K, gs);
+            snprintf(name, sizeof name, "gpu tensor-core (mma.sync) q8 matmul K=%d gs=%d, within 6e-4 sum|w x| (x in FP16)", K, gs);
             if (gs % 64 == 0) check(mma && !fail_mma, name, "%s", mma ? fail_mma : "reported unsupported");
             else check(!mma, name, "gs %d must be reported unsupported", gs);
+            snprintf(name, sizeof name, "gpu tensor-core (wgmma) q8 matmul K=%d gs=%d, within 1.6e-3 sum|w x|", K, gs);
+            if (gs % 64 == 0) check(!fail_wg, name, "%s", fail_wg);
         }
     // layer-sized shapes at M = 1
     int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
@@ -1175,7 +1185,7 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 100);
+    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 257);
     test_gpu_linear();
     gpu_destroy(gctx);
     test_gpu_too_small();

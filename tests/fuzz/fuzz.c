@@ -67,8 +67,8 @@ static int split_args(const uint8_t *data, size_t size, char *buf, char **argv, 
 #if defined(FUZZ_MODEL)
 // Small models only: the forward's cost and the KV cache grow with the header's dimensions.
 static int small_enough(const Config *c) {
-    double cache = (double)c->n_layers * c->seq_len * c->dim, acts = (double)MAX_BATCH * (c->vocab_size + c->hidden_dim + c->dim);
-    return cache < 1e6 && acts < 4e6 && (double)c->n_layers * c->dim * c->hidden_dim < 1e7;
+    double cache = (double)c->n_layers * c->seq_len * c->dim, acts = (double)MAX_TOKENS * (c->vocab_size + c->hidden_dim + c->dim);
+    return cache < 1e6 && acts < 3.2e7 && (double)c->n_layers * c->dim * c->hidden_dim < 1e7;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
