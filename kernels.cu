@@ -379,7 +379,12 @@ __device__ __forceinline__ void mma_16816(float d[4], uint32_t a0, uint32_t a1, 
 
 // 16 x16 values of one token from k on (zero past K or past the last token), as 8 half2 words.
 __device__ __forceinline__ void load_x16h(uint32_t out[8], const Q8MmaArgs &a, int token, int k) {
-    if (token < a.M && k + 16 <= a.K && a.K % 8 == 0) {
+    if (token >= a.M) {   // padding tokens of the last tile: no per-element loop for them
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = 0;
+        return;
+    }
+    if (k + 16 <= a.K && a.K % 8 == 0) {
         const uint4 *p = reinterpret_cast<const uint4 *>(a.x + (size_t)token * a.K + k);
         const uint4 v0 = __ldg(p), v1 = __ldg(p + 1);
         out[0] = v0.x, out[1] = v0.y, out[2] = v0.z, out[3] = v0.w, out[4] = v1.x, out[5] = v1.y, out[6] = v1.z, out[7] = v1.w;
@@ -434,14 +439,12 @@ __device__ __forceinline__ void mma_use_step(float acc[kTiles][4], const MmaStep
 // kUnroll steps' loads are issued before the first is used: at small M the kernel is a weight
 // stream, and one step (1 KB per warp) in flight was too little to cover DRAM latency.
 template <int kTiles, int kUnroll>
-__global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs a) {
-    __shared__ float part[kMmaWarps][16][8 * kTiles];   // each warp's partial sums: rows x tokens
+__device__ __forceinline__ void q8_mma_rows(const Q8MmaArgs &a, float (&part)[kMmaWarps][16][8 * kTiles], int row0) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int tok0 = blockIdx.x * 8 * kTiles, row0 = blockIdx.y * 16;
+    const int tok0 = blockIdx.x * 8 * kTiles;
     const int ra = min(row0 + g, a.N - 1), rb = min(row0 + g + 8, a.N - 1);   // past N: repeat the last, never written
     const int8_t *qa = a.q + (size_t)ra * a.stride, *qb = a.q + (size_t)rb * a.stride;
     const float *sa = a.s + (size_t)ra * a.groups, *sb = a.s + (size_t)rb * a.groups;
-    pdl_wait_then_release();
     float acc[kTiles][4];
 #pragma unroll
     for (int i = 0; i < kTiles; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -474,33 +477,49 @@ __global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs 
     }
 }
 
+// Grid: as many row blocks as stay resident (grid.y), each walking row blocks blockIdx.y,
+// blockIdx.y + gridDim.y, ...: with 600+ short blocks the waves' tails cost a third of the time.
+template <int kTiles, int kUnroll>
+__global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs a) {
+    __shared__ float part[kMmaWarps][16][8 * kTiles];   // each warp's partial sums: rows x tokens
+    pdl_wait_then_release();
+    for (int rblk = blockIdx.y; rblk * 16 < a.N; rblk += gridDim.y) {
+        __syncthreads();   // part is still being read for the previous row block
+        q8_mma_rows<kTiles, kUnroll>(a, part, rblk * 16);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Fused dequant-GEMM on Hopper's warpgroup MMA (wgmma, sm_90a), for prefill-sized M:
-// y (M, N) = xp (M, Kp) W^T, W int8 dequantized in registers and fed as wgmma's A operand.
+// y (M, N) = x (M, K) W^T, W int8 dequantized in registers and fed as wgmma's A operand.
 //
 //   block: 128 rows of W x 128 tokens, two warpgroups of 64 rows; warp j of a warpgroup holds
-//   16 rows, lane (g, t) rows g and g + 8, loading their 16 bytes [16t, 16t + 16) of each 64-wide
-//   step straight from global memory into registers (one step ahead), as in q8_mma_kernel.
-//   x: a ring of kWgStages tiles in shared memory (128 tokens x 64 k, FP16, 16 KB), filled with
-//   cp.async in the 128-byte swizzle wgmma's descriptor names; wgmma reads B from there.
-//   xp is x in FP16 with each 64-wide block's k permuted (float_to_half_perm_kernel) the way the
-//   A fragments take the weight bytes, so both sides see the same order and every load is 16 bytes.
+//   16 rows, lane (g, t) rows g and g + 8 and their bytes [16t, 16t + 16) of each 64-wide step.
+//   A ring of kWgStages stages in shared memory, kWgAhead steps loaded ahead, each stage holding
+//   - the x tile (128 tokens x 64 k, FP16, 16 KB) that wgmma reads as B. xt, made by
+//     x_to_tiles_kernel, holds x already in this layout, tile after tile: 128-byte swizzle (token
+//     n's 16-byte chunk c at chunk c ^ (n % 8)), k permuted within each step the way the A
+//     fragments take the weight bytes. So one bulk copy (the copy engine, completion counted on
+//     an mbarrier) moves a tile, and no proxy fence is needed between the copy and the MMA;
+//   - the W tile (128 rows x 64 bytes) and the rows' scales of the step's group, by cp.async;
+//     each lane reads its 2 x 16 bytes from there with plain shared loads.
 //   Scales: the group scale multiplies the weights in FP16 before the MMA (the accumulators stay
 //   across groups); to keep them in FP16's normal range each row's scales are first multiplied by
 //   a power of two putting the row's largest at [256, 512) (|q s'| <= 127 * 512 < 65504), and the
 //   row's sums divided by it at the end, exactly.
 //   Error: x, s' and q s' each rounded to FP16 (2^-11 relative): |y - exact| <= about
 //   1.5e-3 * sum_k |w x|, plus FP32 accumulation.
-constexpr int kWgRows = 128, kWgTokens = 128, kWgStages = 4, kWgAhead = kWgStages - 1;
-constexpr int kWgTileBytes = kWgTokens * kMmaStep * 2;
-constexpr int kWgSmem = kWgStages * kWgTileBytes + 1024;   // + room to align the ring to 1024
+constexpr int kWgRows = 128, kWgTokens = 128, kWgStages = 5, kWgAhead = kWgStages - 1;
+constexpr int kWgXBytes = kWgTokens * kMmaStep * 2, kWgWBytes = kWgRows * kMmaStep, kWgSBytes = kWgRows * 4;
+constexpr int kWgStageBytes = (kWgXBytes + kWgWBytes + kWgSBytes + 1023) / 1024 * 1024;
+constexpr int kWgSmem = kWgStages * kWgStageBytes + 1024 + kWgStages * 8;   // + alignment slack, mbarriers
 
 struct Q8WgArgs {
     const int8_t *q;    // (N, stride)
     const float *s;     // (N, groups)
-    const __half *xp;   // (M, Kp), k permuted within each 64
+    const __half *xt;   // x tiles: (token blocks, steps, kWgXBytes), see above
     float *y;           // (M, N)
-    int M, N, Kp, stride, groups, gs, accumulate;
+    int M, N, steps, stride, groups, gs, accumulate;
 };
 
 // The k order inside one 64-wide step: position 16 s + j holds k = perm(16 s + j), where lane t's
@@ -511,14 +530,20 @@ __host__ __device__ __forceinline__ int mma_k_perm(int pos) {
     return 16 * ((j & 7) >> 1) + 4 * s + ((j >> 3) << 1) + (j & 1);
 }
 
-// xp (M, Kp) FP16 = x (M, K) with each 64-wide block permuted; zero past K.
-__global__ void float_to_half_perm_kernel(__half *__restrict__ xp, const float *__restrict__ x, int M, int K, int Kp) {
+// xt = x (M, K) as FP16 tiles for q8_wgmma_kernel: tile (token block b, step) at
+// (b * steps + step) * 128 * 64 halves; in it token n, position p (chunk p / 8) at
+// n * 64 + ((p / 8) ^ (n % 8)) * 8 + p % 8, holding x[128 b + n][64 step + perm(p)]; zero past
+// M and K. One thread per output half.
+__global__ void x_to_tiles_kernel(__half *__restrict__ xt, const float *__restrict__ x, int M, int K, int steps,
+                                  size_t total) {
     pdl_wait_then_release();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * Kp) return;
-    const int m = (int)(i / Kp), pos = (int)(i % Kp);
-    const int k = pos / kMmaStep * kMmaStep + mma_k_perm(pos % kMmaStep);
-    xp[i] = __float2half_rn(k < K ? x[(size_t)m * K + k] : 0.0f);
+    if (i >= total) return;
+    const int within = (int)(i % (kWgTokens * kMmaStep)), tile = (int)(i / (kWgTokens * kMmaStep));
+    const int b = tile / steps, step = tile % steps, n = within / kMmaStep, slot = within % kMmaStep;
+    const int p = ((slot / 8) ^ (n & 7)) * 8 + slot % 8;   // the swizzle is its own inverse
+    const int token = b * kWgTokens + n, k = step * kMmaStep + mma_k_perm(p);
+    xt[i] = __float2half_rn(token < M && k < K ? x[(size_t)token * K + k] : 0.0f);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -530,19 +555,57 @@ __global__ void float_to_half_perm_kernel(__half *__restrict__ xp, const float *
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
-// One x tile (128 tokens x 64 k of step) into shared memory at tile (1024-aligned): token row n's
-// 16-byte chunk c goes to chunk c ^ (n % 8) (the 128-byte swizzle); tokens past M are zero-filled.
-__device__ __forceinline__ void wg_load_x_tile(uint32_t tile, const Q8WgArgs &a, int tok0, int step) {
+// mbarrier and bulk copy (the copy engine; its writes are in the async proxy that wgmma reads).
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+#if WG_SM90A
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if WG_SM90A
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+#if WG_SM90A
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+#if WG_SM90A
+    asm volatile(
+        "{\n .reg .pred done;\n wait:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra wait;\n}" ::"r"(bar), "r"(parity) : "memory");
+#endif
+}
+
+// Step `step`'s operands into the stage at `stage` (1024-aligned), by all 256 threads: the x tile
+// by one bulk copy (thread 0), W rows (past N: the last repeated, never written; bytes past the
+// stride: zero) and scales by cp.async.
+__device__ __forceinline__ void wg_load_stage(uint32_t stage, uint32_t bar, const Q8WgArgs &a, int row0, int step) {
+    if (threadIdx.x == 0)
+        bulk_copy(stage, a.xt + ((size_t)blockIdx.x * a.steps + step) * (kWgXBytes / 2), kWgXBytes, bar);
+    const uint32_t wtile = stage + kWgXBytes;
 #pragma unroll
-    for (int i = 0; i < kWgTokens * 8 / 256; i++) {
-        const int chunk = threadIdx.x + 256 * i, n = chunk / 8, c = chunk % 8;
-        const bool in = tok0 + n < a.M;
-        const __half *src = in ? a.xp + (size_t)(tok0 + n) * a.Kp + step * kMmaStep + 8 * c : a.xp;
-        cp_async_16(tile + n * 128 + ((c ^ (n & 7)) << 4), src, in ? 16 : 0);
+    for (int i = 0; i < kWgRows * 4 / 256; i++) {
+        const int chunk = threadIdx.x + 256 * i, r = chunk / 4, c = chunk % 4;
+        const int k = step * kMmaStep + 16 * c;
+        const int8_t *src = a.q + (size_t)min(row0 + r, a.N - 1) * a.stride + (k < a.stride ? k : 0);
+        cp_async_16(wtile + r * kMmaStep + 16 * c, src, k < a.stride ? 16 : 0);
+    }
+    if (threadIdx.x < kWgRows) {
+        const int r = threadIdx.x, group = min(step * kMmaStep / a.gs, a.groups - 1);
+        cp_async_4(wtile + kWgWBytes + 4 * r, a.s + (size_t)min(row0 + r, a.N - 1) * a.groups + group);
     }
 }
 
@@ -577,15 +640,12 @@ __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 #endif
 }
+// Waits for this warpgroup's MMAs. All of them: the A fragments live in registers the compiler
+// may reuse once the asm statement that named them is past (a version that let one step's MMAs
+// run into the next step computed wrong sums on the H200).
 __device__ __forceinline__ void wgmma_wait_all() {
 #if WG_SM90A
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#endif
-}
-// cp.async wrote the tile through the generic proxy; wgmma reads it through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-#if WG_SM90A
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
 
@@ -609,66 +669,71 @@ __device__ __forceinline__ uint32_t int8x2_scaled(uint32_t word, int hi, __half2
     return *reinterpret_cast<const uint32_t *>(&v);
 }
 
+// One step for one warpgroup: the A fragments from the stage's W tile (block rows lra, lra + 8),
+// scaled, then four wgmma k-steps on the stage's x tile.
+__device__ __forceinline__ void wg_step(float (&acc)[64], uint32_t stage, int lra, int t, float fa, float fb) {
+    const unsigned char *smem = (const unsigned char *)__cvta_shared_to_generic(stage);
+    const int4 wa = *reinterpret_cast<const int4 *>(smem + kWgXBytes + lra * kMmaStep + 16 * t);
+    const int4 wb = *reinterpret_cast<const int4 *>(smem + kWgXBytes + (lra + 8) * kMmaStep + 16 * t);
+    const float *sc = reinterpret_cast<const float *>(smem + kWgXBytes + kWgWBytes);
+    const __half2 sa2 = __float2half2_rn(sc[lra] * fa), sb2 = __float2half2_rn(sc[lra + 8] * fb);
+    const uint32_t wa_w[4] = {(uint32_t)wa.x, (uint32_t)wa.y, (uint32_t)wa.z, (uint32_t)wa.w};
+    const uint32_t wb_w[4] = {(uint32_t)wb.x, (uint32_t)wb.y, (uint32_t)wb.z, (uint32_t)wb.w};
+    uint32_t frag[16];
+#pragma unroll
+    for (int s4 = 0; s4 < 4; s4++) {
+        frag[4 * s4 + 0] = int8x2_scaled(wa_w[s4], 0, sa2), frag[4 * s4 + 1] = int8x2_scaled(wb_w[s4], 0, sb2);
+        frag[4 * s4 + 2] = int8x2_scaled(wa_w[s4], 1, sa2), frag[4 * s4 + 3] = int8x2_scaled(wb_w[s4], 1, sb2);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int s4 = 0; s4 < 4; s4++) wgmma_64x128x16(acc, &frag[4 * s4], wg_desc(stage + 32 * s4));
+    wgmma_commit();
+    wgmma_wait_all();
+}
+
 __global__ void __launch_bounds__(256, 1) q8_wgmma_kernel(const Q8WgArgs a) {
     extern __shared__ unsigned char wg_smem[];
     const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wg_smem) + 1023) & ~1023u;
+    const uint32_t bars = ring + kWgStages * kWgStageBytes;   // one mbarrier per stage (its x tile)
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int tok0 = blockIdx.x * kWgTokens, row0 = blockIdx.y * kWgRows + threadIdx.x / 32 * 16;
-    const int ra = min(row0 + g, a.N - 1), rb = min(row0 + g + 8, a.N - 1);   // past N: repeat the last, never written
-    const int8_t *qa = a.q + (size_t)ra * a.stride, *qb = a.q + (size_t)rb * a.stride;
-    const float *sa = a.s + (size_t)ra * a.groups, *sb = a.s + (size_t)rb * a.groups;
-    const int steps = a.Kp / kMmaStep;
+    const int tok0 = blockIdx.x * kWgTokens, row_blk = blockIdx.y * kWgRows;
+    const int lra = threadIdx.x / 32 * 16 + g, row0 = row_blk + lra;   // this lane's rows: row0, row0 + 8
+    if (threadIdx.x < kWgStages) mbar_init(bars + 8 * threadIdx.x);
+    mbar_init_fence();
+    __syncthreads();
     pdl_wait_then_release();
-    // kWgAhead tiles in flight: the tile a step overwrites was read by the step before, whose
-    // wgmma every warpgroup waited for before this step's barrier
+    // kWgAhead stages in flight; the stage a step refills was read by the step before, whose MMAs
+    // both warpgroups waited for before this step's barrier
 #pragma unroll
     for (int st = 0; st < kWgAhead; st++) {
-        if (st < steps) wg_load_x_tile(ring + st * kWgTileBytes, a, tok0, st);
+        if (st < a.steps) wg_load_stage(ring + st * kWgStageBytes, bars + 8 * st, a, row_blk, st);
         cp_async_commit();
     }
-    const float fa = wg_row_factor(sa, a.groups, t), fb = wg_row_factor(sb, a.groups, t);
+    const float fa = wg_row_factor(a.s + (size_t)min(row0, a.N - 1) * a.groups, a.groups, t);
+    const float fb = wg_row_factor(a.s + (size_t)min(row0 + 8, a.N - 1) * a.groups, a.groups, t);
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    int4 wa = 16 * t < a.stride ? load_stream(qa + 16 * t) : make_int4(0, 0, 0, 0);   // step 0's weights
-    int4 wb = 16 * t < a.stride ? load_stream(qb + 16 * t) : make_int4(0, 0, 0, 0);
-    float sca = __ldg(sa), scb = __ldg(sb);
-    for (int step = 0; step < steps; step++) {
-        const int4 ca = wa, cb = wb;
-        const __half2 sa2 = __float2half2_rn(sca * fa), sb2 = __float2half2_rn(scb * fb);
-        if (step + 1 < steps) {   // the next step's weights and scales, in flight during this one
-            const int k = (step + 1) * kMmaStep + 16 * t, group = min((step + 1) * kMmaStep / a.gs, a.groups - 1);
-            wa = k < a.stride ? load_stream(qa + k) : make_int4(0, 0, 0, 0);
-            wb = k < a.stride ? load_stream(qb + k) : make_int4(0, 0, 0, 0);
-            sca = __ldg(sa + group), scb = __ldg(sb + group);
-        }
-        cp_async_wait<kWgAhead - 1>();   // this step's tile has landed (one group committed per step)
-        fence_proxy_async();
+    for (int step = 0; step < a.steps; step++) {
+        const int slot = step % kWgStages;
+        cp_async_wait<kWgAhead - 1>();   // this step's W and scales have landed (one group per step)
+        mbar_wait(bars + 8 * slot, (step / kWgStages) & 1);   // and its x tile
         __syncthreads();
-        if (step + kWgAhead < steps)
-            wg_load_x_tile(ring + (step + kWgAhead) % kWgStages * kWgTileBytes, a, tok0, step + kWgAhead);
-        cp_async_commit();
-        const uint32_t wa_w[4] = {(uint32_t)ca.x, (uint32_t)ca.y, (uint32_t)ca.z, (uint32_t)ca.w};
-        const uint32_t wb_w[4] = {(uint32_t)cb.x, (uint32_t)cb.y, (uint32_t)cb.z, (uint32_t)cb.w};
-        uint32_t frag[4][4];
-#pragma unroll
-        for (int s4 = 0; s4 < 4; s4++) {
-            frag[s4][0] = int8x2_scaled(wa_w[s4], 0, sa2), frag[s4][1] = int8x2_scaled(wb_w[s4], 0, sb2);
-            frag[s4][2] = int8x2_scaled(wa_w[s4], 1, sa2), frag[s4][3] = int8x2_scaled(wb_w[s4], 1, sb2);
+        if (step + kWgAhead < a.steps) {
+            const int next = (step + kWgAhead) % kWgStages;
+            wg_load_stage(ring + next * kWgStageBytes, bars + 8 * next, a, row_blk, step + kWgAhead);
         }
-        const uint32_t tile = ring + step % kWgStages * kWgTileBytes;
-        wgmma_fence();
-#pragma unroll
-        for (int s4 = 0; s4 < 4; s4++) wgmma_64x128x16(acc, frag[s4], wg_desc(tile + 32 * s4));
-        wgmma_commit();
-        wgmma_wait_all();   // frag's registers are read by the MMA until it completes
+        cp_async_commit();
+        wg_step(acc, ring + slot * kWgStageBytes, lra, t, fa, fb);
     }
     cp_async_wait<0>();
+    (void)tok0;
     // D fragment of warp j: acc[4i + {0, 1}] = (row g, tokens 8i + 2t + {0, 1}), acc[4i + {2, 3}] = row g + 8
     const float inv_a = 1.0f / fa, inv_b = 1.0f / fb;
 #pragma unroll
     for (int i = 0; i < 64; i++) {
-        const int row = row0 + g + (i & 2 ? 8 : 0), token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
+        const int row = row0 + (i & 2 ? 8 : 0), token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
         if (row < a.N && token < a.M) {
             const float v = acc[i] * (i & 2 ? inv_b : inv_a);
             float *dst = a.y + (size_t)token * a.N + row;
@@ -1253,9 +1318,23 @@ extern "C" void gpu_to_half(GpuCtx *g, void *dst, const Mat *w) {
 
 // Token tiles of 8 per block: the power of two covering M, at most 8 (64 tokens a block); the
 // fewer tiles, the more steps each warp keeps in flight (registers: kTiles * kUnroll x fragments).
+// grid.y: the row blocks, at most as many as stay resident at once (the rest are walked by them).
+// RUN_MMA_ONE_PASS=1 (experiment): one block per row block.
 template <int kTiles, int kUnroll>
 static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
-    dim3 grid(ceil_div_i(a.M, 8 * kTiles), ceil_div_i(a.N, 16));
+    static int resident = 0;   // per kernel instance
+    if (!resident) {
+        int dev = 0, sms = 0, per_sm = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, q8_mma_kernel<kTiles, kUnroll>, kMmaWarps * 32, 0));
+        resident = sms * (per_sm > 0 ? per_sm : 1);
+        const char *one_pass = getenv("RUN_MMA_ONE_PASS");
+        if (one_pass && !strcmp(one_pass, "1")) resident = 65535;
+    }
+    const int token_blocks = ceil_div_i(a.M, 8 * kTiles), row_blocks = ceil_div_i(a.N, 16);
+    const int per_token_block = max(1, resident / token_blocks);
+    dim3 grid(token_blocks, min(row_blocks, per_token_block));
     launch(g, "q8_mma_kernel", q8_mma_kernel<kTiles, kUnroll>, grid, dim3(kMmaWarps * 32), 0, a);
 }
 
@@ -1289,20 +1368,20 @@ static void matmul_q8_mma_sync(GpuCtx *g, float *y, const float *x, int M, const
 }
 
 static void matmul_q8_wgmma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
-    const int Kp = round_up(w->cols, kMmaStep);
-    launch(g, "float_to_half_perm_kernel", float_to_half_perm_kernel, dim3(ceil_div_i((long long)M * Kp, 256)), dim3(256),
-           0, g->x_half, x, M, w->cols, Kp);
-    const Q8WgArgs a = {w->q, w->s, g->x_half, y, M, w->rows, Kp, w->stride, w->groups, w->gs, accumulate};
-    launch(g, "q8_wgmma_kernel", q8_wgmma_kernel, dim3(ceil_div_i(M, kWgTokens), ceil_div_i(w->rows, kWgRows)), dim3(256),
-           kWgSmem, a);
+    const int steps = ceil_div_i(w->cols, kMmaStep), token_blocks = ceil_div_i(M, kWgTokens);
+    const size_t total = (size_t)token_blocks * steps * kWgTokens * kMmaStep;
+    launch(g, "x_to_tiles_kernel", x_to_tiles_kernel, dim3(ceil_div_i((long long)total, 256)), dim3(256), 0, g->x_half, x,
+           M, w->cols, steps, total);
+    const Q8WgArgs a = {w->q, w->s, g->x_half, y, M, w->rows, steps, w->stride, w->groups, w->gs, accumulate};
+    launch(g, "q8_wgmma_kernel", q8_wgmma_kernel, dim3(token_blocks, ceil_div_i(w->rows, kWgRows)), dim3(256), kWgSmem, a);
 }
 
 // From this many tokens on, the wgmma kernel (128-token tiles) beats mma.sync's (measured: bench
 // kernel_bench --across-m, columns tc-mma and tc-wgmma).
-#define WGMMA_MIN_TOKENS 64
+#define WGMMA_MIN_TOKENS 128
 
 extern "C" void gpu_matmul_q8_tc(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, int kernel) {
-    const size_t x_half_need = (size_t)M * round_up(w->cols, kMmaStep);
+    const size_t x_half_need = (size_t)round_up(M, kWgTokens) * round_up(w->cols, kMmaStep);   // either kernel's x
     if (!gpu_matmul_q8_mma_supported(w) || x_half_need > g->half_floats) {
         fprintf(stderr, "run: tensor-core matmul: group size %d (needs a multiple of %d) or %d x %d inputs (scratch %zu)\n",
                 w->gs, kMmaStep, M, w->cols, g->half_floats);

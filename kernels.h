@@ -60,7 +60,7 @@ void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat 
 // FP16 once into the context's half scratch (half_floats >= M * K), W int8 dequantized exactly to
 // FP16 in registers, each 64-wide step's partial sums scaled in FP32. Error: x's rounding to FP16,
 // at most about 4.9e-4 * sum_k |w x| per output. Needs gs % 64 == 0 (supported() says).
-// From 64 tokens on (and on compute capability 9.0), a wgmma kernel takes over: the group scale is
+// From 128 tokens on (and on compute capability 9.0), a wgmma kernel takes over: the group scale is
 // then applied to the weights in FP16 (each row's scales first shifted by a power of two into
 // FP16's range), so its bound is about 1.5e-3 * sum_k |w x|.
 int gpu_matmul_q8_mma_supported(const Mat *w);

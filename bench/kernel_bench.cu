@@ -157,8 +157,8 @@ static int profile_once(int N, int K, int gs) {
 // ----------------------------------------------------------------------------
 // --across-m: one 7B layer shape at M = 1 .. 512 through every path (issue: tensor-core GEMM):
 //   simt      gpu_matmul_q8_fused (SIMT, up to 8 tokens per block): the engine's kernel at M = 1
-//   mma       gpu_matmul_q8_tc mma.sync (x converted to FP16 inside, counted): M = 2 .. 63
-//   wgmma     gpu_matmul_q8_tc wgmma (x converted and permuted inside, counted): M >= 64
+//   mma       gpu_matmul_q8_tc mma.sync (x converted to FP16 inside, counted): M = 2 .. 127
+//   wgmma     gpu_matmul_q8_tc wgmma (x converted and permuted inside, counted): M >= 128
 //   deq+f32   dequant kernel to FP32 + cuBLAS SGEMM (the engine's --unfused)
 //   deq+f16   dequant kernel to FP16 + cuBLAS FP16 GEMM
 //   f16       cuBLAS on resident FP16 weights (x converted to FP16 inside, counted)
@@ -273,11 +273,13 @@ static int across_m(int gs, const char *csv_path) {
         printf("\n%d x %d, group size %d: us | TFLOP/s | GB/s (weight bytes as read + x + y)\n%5s", k.N, k.K, gs, "M");
         for (auto &p : paths) printf(" | %-22s", p.name);
         printf(" | fused: f16/fused bf16/fused (fused = the engine's kernel at this M)\n");
+        const char *max_m = getenv("BENCH_MAX_M");   // a shorter table, for A/B runs
         for (int M : Ms) {
+            if (max_m && M > atoi(max_m)) break;
             k.M = M;
             printf("%5d", M);
             double t_fused = 0, t_f16 = 0, t_bf16 = 0;
-            const char *engine = M == 1 ? "simt" : M < 64 ? "mma" : "wgmma";   // run.c / kernels.cu dispatch
+            const char *engine = M == 1 ? "simt" : M < 128 ? "mma" : "wgmma";   // run.c / kernels.cu dispatch
             for (auto &p : paths) {
                 double us = time_us(p.fn, &k, copies, (cudaStream_t)gpu_stream(k.g));
                 double flops = 2.0 * M * n, bytes = (double)n * p.weight_bytes + (double)M * (k.K + k.N) * 4;

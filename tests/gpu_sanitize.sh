@@ -2,7 +2,8 @@
 # compute-sanitizer over the GPU tests (tests/test_run_gpu --gpu-only --quick: every kernel and
 # both executors on random models, stories260K and the split-attention model; not the 7B-shaped
 # one, which takes too long instrumented) and over a short greedy generation on each GPU path:
-# fused (graph and plain launches), --unfused, --fp16, FP32 cuBLAS. Each of memcheck, racecheck,
+# fused (graph and plain launches), --unfused, --fp16, FP32 cuBLAS, and a prompt prefilled on the
+# tensor cores then decoded as --batch 4. Each of memcheck, racecheck,
 # initcheck and synccheck must report nothing. Ends with "N passed, N failed, N skipped".
 set -u
 cd "$(dirname "$0")/.."
@@ -17,7 +18,8 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
     for target in ${suite:+"$suite"} \
                   "./run $q8 -z $T -n 48 -t 0" "./run $q8 -z $T -n 48 -t 0 --no-graph --no-pdl" \
                   "./run $q8 -z $T -n 48 -t 0 --unfused" "./run $q8 -z $T -n 48 -t 0 --fp16" \
-                  "./run $q8 -z $T -n 48 -t 0 --kv-fp32" "./run $f32 -z $T -n 48 -t 0"; do
+                  "./run $q8 -z $T -n 48 -t 0 --kv-fp32" "./run $f32 -z $T -n 48 -t 0" \
+                  "./run $q8 -z $T -n 48 -t 0.8 -p Once.upon.a.time.there.was.a.little.girl --batch 4"; do
         $CS --tool $tool --error-exitcode 9 $target > "$log" 2>&1
         rc=$?
         if [ $rc -eq 0 ] && grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log"; then

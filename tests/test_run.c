@@ -1185,7 +1185,7 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 257);
+    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
     test_gpu_linear();
     gpu_destroy(gctx);
     test_gpu_too_small();
