@@ -61,7 +61,7 @@ if [ -f models/stories260K.bin ]; then
     ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"
     awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
 fi
-# prefill: a 512-token prompt in batches of 64 (tensor cores) against decoding one token per forward
+# prefill: a 512-token prompt in one chunk (tensor cores: wgmma) against decoding one token per forward
 p512=$(prompt_of 512)
 ./run "$q8" -z tokenizer.bin -p "$p512" -n 600 -t 0 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
 awk '/decode/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s," && $(i-1) == "prefill") p = $i; if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i; if ($i == "prompt") n = $(i+1) }

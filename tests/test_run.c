@@ -1,9 +1,11 @@
 // test_run.c: unit and end-to-end tests, built against the engine's own sources (run.c is
 // included with its main() left out) under AddressSanitizer and UBSan.
 // Prints one line per test: PASS, FAIL or SKIP, then the totals; exits 1 if anything failed.
-// Usage: test_run [--gpu-only] [--quick] [models-dir] (default: models), run from the repository root
-// (it calls ./quantize). --gpu-only: the GPU groups alone; --quick: without the 7B-shaped model and
-// code15M (for the slow compute-sanitizer and valgrind runs), those reported as skipped.
+// Usage: test_run [--gpu-only] [--quick] [--gpu-part linear|models] [models-dir] (default: models),
+// run from the repository root (it calls ./quantize). --gpu-only: the GPU groups alone;
+// --gpu-part: the linear-kernel group or the model groups alone (instrumented runs in pieces);
+// --quick: without the 7B-shaped model and code15M (for the slow compute-sanitizer and valgrind
+// runs), those reported as skipped.
 #define RUN_NO_MAIN
 #include <sys/wait.h>
 #include "../run.c"
@@ -16,6 +18,8 @@ static int n_pass, n_fail, n_skip;
 static char tmpdir[256] = "/tmp/q8test.XXXXXX";
 static const char *models_dir = "models";
 static int quick;   // --quick
+static const char *gpu_part;   // --gpu-part linear|models: one half of the GPU groups (NULL: both)
+#define TEST_USAGE "usage: test_run [--gpu-only] [--quick] [--gpu-part linear|models] [models-dir] | --fixtures DIR\n"
 
 static void check(int ok, const char *name, const char *fmt, ...) {
     if (ok) {
@@ -256,13 +260,14 @@ static double *ref_forward(const Model *m, const int *tokens, int T) {
 // Prefill chunk of the tests: smaller than the engine's MAX_TOKENS, so that prompts of the small
 // models cross chunk boundaries.
 #define TEST_CHUNK 32
+static int prefill_chunk = TEST_CHUNK;   // exec_logits' chunk; MAX_TOKENS where the wgmma kernel must run
 
 static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
     int V = e->cfg.vocab_size;
     float *out = talloc((size_t)T * V * sizeof(float));
     for (size_t i = 0; i < (size_t)T * V; i++) out[i] = NAN;   // poison
     for (int pos = 0; pos < T;) {
-        int M = pos < first ? (first - pos < TEST_CHUNK ? first - pos : TEST_CHUNK) : 1;
+        int M = pos < first ? (first - pos < prefill_chunk ? first - pos : prefill_chunk) : 1;
         // single tokens go through the decode step (all_logits 0), which the GPU replays as a graph
         const float *l = e->ops->to_host(e, forward(e, tokens + pos, M, pos, M > 1), M);
         memcpy(out + (size_t)pos * V, l, (size_t)M * V * sizeof(float));
@@ -1113,6 +1118,12 @@ static void test_gpu_end_to_end(void) {
         char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
         random_model_files(c, 1, 32, 0, fp32, q8, NULL);
         compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
+        // the same shape at GS 64, prefilled in chunks of MAX_TOKENS: the tensor-core run takes
+        // the wgmma kernel (chunks of 512), mma.sync (the last, 16), partial row and K tiles
+        random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+        prefill_chunk = MAX_TOKENS;
+        compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
+        prefill_chunk = TEST_CHUNK;
     }
     // real models
     char *q8 = tpath("stories_q8.bin");
@@ -1185,12 +1196,16 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
-    test_gpu_linear();
-    gpu_destroy(gctx);
-    test_gpu_too_small();
-    test_gpu_batch();
-    test_gpu_end_to_end();
+    if (!gpu_part || !strcmp(gpu_part, "linear")) {
+        gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
+        test_gpu_linear();
+        gpu_destroy(gctx);
+    }
+    if (!gpu_part || !strcmp(gpu_part, "models")) {
+        test_gpu_too_small();
+        test_gpu_batch();
+        test_gpu_end_to_end();
+    }
 }
 #else
 static void test_gpu(void) {
@@ -1215,7 +1230,12 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gpu-only")) gpu_only = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else models_dir = argv[i];
+        else if (!strcmp(argv[i], "--gpu-part") && i + 1 < argc && (!strcmp(argv[i + 1], "linear") || !strcmp(argv[i + 1], "models")))
+            gpu_part = argv[++i];
+        else if (argv[i][0] == '-') {
+            fprintf(stderr, "test_run: unknown option %s\n%s", argv[i], TEST_USAGE);
+            return 2;
+        } else models_dir = argv[i];
     }
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
