@@ -1377,7 +1377,7 @@ static void matmul_q8_wgmma(GpuCtx *g, float *y, const float *x, int M, const Ma
 }
 
 // From this many tokens on, the wgmma kernel (128-token tiles) beats mma.sync's (measured: bench
-// kernel_bench --across-m, columns tc-mma and tc-wgmma).
+// kernel_bench --across-m, columns mma and wgmma).
 #define WGMMA_MIN_TOKENS 128
 
 extern "C" void gpu_matmul_q8_tc(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, int kernel) {
