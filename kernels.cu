@@ -728,7 +728,6 @@ __global__ void __launch_bounds__(256, 1) q8_wgmma_kernel(const Q8WgArgs a) {
         wg_step(acc, ring + slot * kWgStageBytes, lra, t, fa, fb);
     }
     cp_async_wait<0>();
-    (void)tok0;
     // D fragment of warp j: acc[4i + {0, 1}] = (row g, tokens 8i + 2t + {0, 1}), acc[4i + {2, 3}] = row g + 8
     const float inv_a = 1.0f / fa, inv_b = 1.0f / fb;
 #pragma unroll
