@@ -478,7 +478,8 @@ __device__ __forceinline__ void q8_mma_rows(const Q8MmaArgs &a, float (&part)[kM
 }
 
 // Grid: as many row blocks as stay resident (grid.y), each walking row blocks blockIdx.y,
-// blockIdx.y + gridDim.y, ...: with 600+ short blocks the waves' tails cost a third of the time.
+// blockIdx.y + gridDim.y, ...: measured against one block per row block, 20.1 against 20.8 us on
+// 11008 x 4096 at M <= 16, equal on the other shapes (bench/NOTES.md 13).
 template <int kTiles, int kUnroll>
 __global__ void __launch_bounds__(kMmaWarps * 32) q8_mma_kernel(const Q8MmaArgs a) {
     __shared__ float part[kMmaWarps][16][8 * kTiles];   // each warp's partial sums: rows x tokens
@@ -1318,7 +1319,6 @@ extern "C" void gpu_to_half(GpuCtx *g, void *dst, const Mat *w) {
 // Token tiles of 8 per block: the power of two covering M, at most 8 (64 tokens a block); the
 // fewer tiles, the more steps each warp keeps in flight (registers: kTiles * kUnroll x fragments).
 // grid.y: the row blocks, at most as many as stay resident at once (the rest are walked by them).
-// RUN_MMA_ONE_PASS=1 (experiment): one block per row block.
 template <int kTiles, int kUnroll>
 static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
     static int resident = 0;   // per kernel instance
@@ -1328,8 +1328,6 @@ static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
         CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, q8_mma_kernel<kTiles, kUnroll>, kMmaWarps * 32, 0));
         resident = sms * (per_sm > 0 ? per_sm : 1);
-        const char *one_pass = getenv("RUN_MMA_ONE_PASS");
-        if (one_pass && !strcmp(one_pass, "1")) resident = 65535;
     }
     const int token_blocks = ceil_div_i(a.M, 8 * kTiles), row_blocks = ceil_div_i(a.N, 16);
     const int per_token_block = max(1, resident / token_blocks);
