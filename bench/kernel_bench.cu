@@ -132,25 +132,30 @@ static void run_fp16(int c, void *p) {
                     k->K, &zero, k->y16, CUDA_R_16F, k->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// --profile N K: one fused and one unfused layer of that shape, once each, for Nsight Compute
+// --profile N K [M]: one fused and one unfused layer of that shape, once each, for Nsight Compute
 // (bench/ncu.sh): no rotation, no timing.
-static int profile_once(int N, int K, int gs) {
+// M > 1: also the tensor-core kernels (mma.sync, wgmma) at M tokens.
+static int profile_once(int N, int K, int M, int gs) {
     Case k;
     k.N = N, k.K = K;
-    k.g = gpu_create((size_t)N * K, 0);
+    k.g = gpu_create((size_t)N * K, (size_t)(M + 127) / 128 * 128 * ((K + 63) / 64 * 64));
     int stride = (K + 15) / 16 * 16, groups = (K + gs - 1) / gs;
     size_t q_bytes = (size_t)N * stride, s_bytes = (size_t)N * groups * 4;
     int8_t *q = (int8_t *)dev_random(q_bytes + s_bytes, 7);
     float *s = (float *)(q + q_bytes);
     words_to_float<<<1024, 256>>>(s, s_bytes / 4);
     Mat m = {N, K, stride, gs, groups, NULL, q, s, NULL};
-    k.x = dev_floats(K, 3);
-    CK(cudaMalloc(&k.y, N * 4));
+    k.x = dev_floats((size_t)M * K, 3);
+    CK(cudaMalloc(&k.y, (size_t)M * N * 4));
     CK(cudaDeviceSynchronize());
     gpu_matmul_q8_fused(k.g, k.y, k.x, 1, &m, 0);
     gpu_matmul_q8_unfused(k.g, k.y, k.x, 1, &m, 0);
+    if (M > 1 && gpu_matmul_q8_mma_supported(&m)) {
+        gpu_matmul_q8_tc(k.g, k.y, k.x, M, &m, 0, TC_MMA_SYNC);
+        gpu_matmul_q8_tc(k.g, k.y, k.x, M, &m, 0, TC_WGMMA);
+    }
     gpu_sync(k.g);
-    printf("profiled %d x %d: int8 %zu bytes, scales %zu bytes\n", N, K, q_bytes, s_bytes);
+    printf("profiled %d x %d, M %d: int8 %zu bytes, scales %zu bytes\n", N, K, M, q_bytes, s_bytes);
     return 0;
 }
 
@@ -304,7 +309,8 @@ static int across_m(int gs, const char *csv_path) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && !strcmp(argv[1], "--profile")) return profile_once(atoi(argv[2]), atoi(argv[3]), 128);
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--profile"))
+        return profile_once(atoi(argv[2]), atoi(argv[3]), argc == 5 ? atoi(argv[4]) : 1, 128);
     if (argc >= 2 && !strcmp(argv[1], "--across-m")) {
         char why[ERR_LEN];
         if (gpu_probe(why)) { fprintf(stderr, "kernel_bench: %s\n", why); return 1; }
