@@ -5,9 +5,10 @@
 # (graph and plain launches), --unfused, --fp16, FP32 cuBLAS, and a prompt prefilled on the tensor
 # cores then decoded as --batch 4. Each of memcheck, racecheck, initcheck and synccheck must
 # report nothing. Ends with "N passed, N failed, N skipped".
-# Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch models" by
-# default: instrumented, the whole suite takes longer than the device tool's 10 minutes a
-# command, so the parts may run as separate commands, or side by side); SUITE=0 (no suite);
+# Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch random long
+# real" by default, i.e. all of it; instrumented, the whole suite takes longer than the device
+# tool's 10 minutes a command, so the parts may run as separate commands, or side by side);
+# SUITE=0 (no suite);
 # GENS=0 (no generations). The kernels' mbarriers are raw PTX, which synccheck does not count
 # from the module; --num-cuda-barriers gives it room for them.
 set -u
@@ -17,7 +18,7 @@ pass=0 fail=0
 log=$(mktemp) targets=$(mktemp)   # targets: one command per line
 q8=models/stories260K_q8.bin f32=models/stories260K.bin T=models/tok512.bin
 if [ "${SUITE:-1}" != 0 ]; then
-    for p in ${PARTS:-linear batch models}; do echo "tests/test_run_gpu --gpu-only --quick --gpu-part $p models"; done
+    for p in ${PARTS:-linear batch random long real}; do echo "tests/test_run_gpu --gpu-only --quick --gpu-part $p models"; done
 fi > "$targets"
 if [ "${GENS:-1}" != 0 ]; then
     for flags in "" "--no-graph --no-pdl" "--unfused" "--fp16" "--kv-fp32"; do echo "./run $q8 -z $T -n 48 -t 0 $flags"; done

@@ -1,10 +1,11 @@
 // test_run.c: unit and end-to-end tests, built against the engine's own sources (run.c is
 // included with its main() left out) under AddressSanitizer and UBSan.
 // Prints one line per test: PASS, FAIL or SKIP, then the totals; exits 1 if anything failed.
-// Usage: test_run [--gpu-only] [--quick] [--gpu-part linear|batch|models] [models-dir] (default: models),
+// Usage: test_run [--gpu-only] [--quick] [--gpu-part PART] [models-dir] (default: models),
 // run from the repository root (it calls ./quantize). --gpu-only: the GPU groups alone;
-// --gpu-part: one GPU group alone (instrumented runs in pieces): the linear kernels, the batch
-// and too-large-checkpoint tests, or the whole models;
+// --gpu-part PART: one GPU group alone (instrumented runs in pieces): linear (the linear
+// kernels), batch (batches and the too-large checkpoint), models (whole models), or one third of
+// models: random, long (the context of 1300), real (the real checkpoints and the 7B shapes);
 // --quick: without the 7B-shaped model and code15M, and whole models run 8 decode steps past
 // their prefill (for the slow compute-sanitizer and valgrind runs); the skipped reported so.
 #define RUN_NO_MAIN
@@ -19,8 +20,14 @@ static int n_pass, n_fail, n_skip;
 static char tmpdir[256] = "/tmp/q8test.XXXXXX";
 static const char *models_dir = "models";
 static int quick;   // --quick
-static const char *gpu_part;   // --gpu-part linear|batch|models: one of the GPU groups (NULL: all)
-#define TEST_USAGE "usage: test_run [--gpu-only] [--quick] [--gpu-part linear|batch|models] [models-dir] | --fixtures DIR\n"
+static const char *gpu_part;   // --gpu-part: one of the GPU groups (NULL: all)
+static int is_gpu_part(const char *name) {
+    const char *parts[] = {"linear", "batch", "models", "random", "long", "real"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (!strcmp(name, parts[i])) return 1;
+    return 0;
+}
+#define TEST_USAGE "usage: test_run [--gpu-only] [--quick] [--gpu-part linear|batch|models|random|long|real] [models-dir] | --fixtures DIR\n"
 
 static void check(int ok, const char *name, const char *fmt, ...) {
     if (ok) {
@@ -1100,8 +1107,8 @@ static void test_gpu_batch(void) {
     arena_free();
 }
 
-static void test_gpu_end_to_end(void) {
-    // random models: grouped-query ratios 1, 2, 4, 8; awkward widths; prefill of 7 then decode
+// Random models: grouped-query ratios 1, 2, 4, 8; awkward widths; prefill of 7 then decode.
+static void test_gpu_random_models(void) {
     int ratios[] = {1, 2, 4, 8};
     for (int i = 0; i < 4; i++) {
         Config c = {128, 172, 2, 8, 8 / ratios[i], 97, 80};
@@ -1113,8 +1120,11 @@ static void test_gpu_end_to_end(void) {
         compare_executors(label, q8, 70, 7, 0);
         if (i == 0) compare_executors("random model llama2.c v2 int8 gs4 (per-element scales)", v2, 70, 7, 0);
     }
-    // a context of 1300: the attention splits into six blocks of 256 rows per head (the last
-    // partial, the later ones empty early on); 1040 tokens prefilled in chunks, then 60 decoded
+}
+
+// A context of 1300: the attention splits into six blocks of 256 rows per head (the last
+// partial, the later ones empty early on); 1040 tokens prefilled in chunks, then 60 decoded.
+static void test_gpu_long_context(void) {
     {
         Config c = {64, 96, 2, 4, 2, 97, 1300};
         char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
@@ -1127,7 +1137,10 @@ static void test_gpu_end_to_end(void) {
         compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
         prefill_chunk = TEST_CHUNK;
     }
-    // real models
+}
+
+// The real checkpoints, and two layers of Llama-2-7B's shapes.
+static void test_gpu_real_models(void) {
     char *q8 = tpath("stories_q8.bin");
     if (file_exists(model_path("stories260K.bin")) && !sh("./quantize %s %s >/dev/null", model_path("stories260K.bin"), q8)) {
         compare_executors("stories260K fp32", model_path("stories260K.bin"), 200, 33, 200);
@@ -1207,7 +1220,11 @@ static void test_gpu(void) {
         test_gpu_too_small();
         test_gpu_batch();
     }
-    if (!gpu_part || !strcmp(gpu_part, "models")) test_gpu_end_to_end();
+    // "models": the three groups below (instrumented, they run as parts of their own too)
+    const int models = !gpu_part || !strcmp(gpu_part, "models");
+    if (models || !strcmp(gpu_part, "random")) test_gpu_random_models();
+    if (models || !strcmp(gpu_part, "long")) test_gpu_long_context();
+    if (models || !strcmp(gpu_part, "real")) test_gpu_real_models();
 }
 #else
 static void test_gpu(void) {
@@ -1232,7 +1249,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gpu-only")) gpu_only = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--gpu-part") && i + 1 < argc && (!strcmp(argv[i + 1], "linear") || !strcmp(argv[i + 1], "batch") || !strcmp(argv[i + 1], "models")))
+        else if (!strcmp(argv[i], "--gpu-part") && i + 1 < argc && is_gpu_part(argv[i + 1]))
             gpu_part = argv[++i];
         else if (argv[i][0] == '-') {
             fprintf(stderr, "test_run: unknown option %s\n%s", argv[i], TEST_USAGE);
