@@ -1108,10 +1108,15 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     free(g);
 }
 
+// Zero-filled. cudaMemset runs on the legacy stream, which the context's (non-blocking) stream
+// does not wait for: without the synchronize, the first kernels on the context's stream could
+// write the buffer before the zero fill lands, and lose what they wrote (the KV caches at the
+// first prefill, the FP16 weights converted at load).
 extern "C" void *gpu_alloc(size_t bytes) {
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
     CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
+    CUDA_CHECK(cudaDeviceSynchronize());
     return p;
 }
 
