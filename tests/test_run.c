@@ -845,9 +845,6 @@ static void dev_poison(float *d, size_t n) {
     gpu_upload(d, nan, n * sizeof(float));
 }
 
-// y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
-// accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
-// failure or NULL.
 // The float64 reference of y (M, N) = x W^T, and sum_k |w x| per output (the error scale).
 static void linear_ref(const Mat *w, const float *x, int M, double *ref, double *mag) {
     for (int m = 0; m < M; m++)
@@ -861,6 +858,9 @@ static void linear_ref(const Mat *w, const float *x, int M, double *ref, double 
         }
 }
 
+// y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
+// accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
+// failure or NULL.
 static const char *check_ref(const float *y, const double *ref, const double *mag, int M, int N, double rel, char *what) {
     for (size_t i = 0; i < (size_t)M * N; i++)
         if (!(fabs(y[i] - ref[i]) <= rel * mag[i] + 1e-30)) {
@@ -1142,18 +1142,16 @@ static void test_gpu_random_models(void) {
 // A context of 1300: the attention splits into six blocks of 256 rows per head (the last
 // partial, the later ones empty early on); 1040 tokens prefilled in chunks, then 60 decoded.
 static void test_gpu_long_context(void) {
-    {
-        Config c = {64, 96, 2, 4, 2, 97, 1300};
-        char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
-        random_model_files(c, 1, 32, 0, fp32, q8, NULL);
-        compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
-        // the same shape at GS 64, prefilled in chunks of MAX_TOKENS: the tensor-core run takes
-        // the wgmma kernel (chunks of 512), mma.sync (the last, 16), partial row and K tiles
-        random_model_files(c, 1, 64, 0, fp32, q8, NULL);
-        prefill_chunk = MAX_TOKENS;
-        compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
-        prefill_chunk = TEST_CHUNK;
-    }
+    Config c = {64, 96, 2, 4, 2, 97, 1300};
+    char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
+    random_model_files(c, 1, 32, 0, fp32, q8, NULL);
+    compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
+    // the same shape at GS 64, prefilled in chunks of MAX_TOKENS: the tensor-core run takes the
+    // wgmma kernel (chunks of 512), mma.sync (the last, 16), partial row and K tiles
+    random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+    prefill_chunk = MAX_TOKENS;
+    compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
+    prefill_chunk = TEST_CHUNK;
 }
 
 // The real checkpoints, and two layers of Llama-2-7B's shapes.
