@@ -392,8 +392,8 @@ __device__ __forceinline__ void load_x16h(uint32_t out[8], const Q8MmaArgs &a, i
     }
     for (int i = 0; i < 8; i++) {
         __half2 h = __halves2half2(__float2half(0.0f), __float2half(0.0f));
-        if (token < a.M && k + 2 * i < a.K) h.x = a.x[(size_t)token * a.K + k + 2 * i];
-        if (token < a.M && k + 2 * i + 1 < a.K) h.y = a.x[(size_t)token * a.K + k + 2 * i + 1];
+        if (k + 2 * i < a.K) h.x = a.x[(size_t)token * a.K + k + 2 * i];
+        if (k + 2 * i + 1 < a.K) h.y = a.x[(size_t)token * a.K + k + 2 * i + 1];
         out[i] = *reinterpret_cast<const uint32_t *>(&h);
     }
 }

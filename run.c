@@ -194,13 +194,22 @@ static void cpu_ffn_up(Exec *e, const float *in, int M, const Mat *w1, const Mat
     }
 }
 
+// KV cache geometry: a sequence's cache is n_layers blocks of seq_len rows of kv_dim elements,
+// kv_bytes each.
+static size_t kv_dim_of(const Config *p) { return (size_t)p->dim / p->n_heads * p->n_kv_heads; }
+// Bytes of one layer's first `rows` positions, and of one sequence's whole cache.
+static size_t layer_rows_bytes(const Exec *e, int rows) { return (size_t)rows * kv_dim_of(&e->cfg) * e->kv_bytes; }
+static size_t seq_cache_bytes(const Exec *e) { return e->cfg.n_layers * layer_rows_bytes(e, e->cfg.seq_len); }
+// The layer's slice of a KV cache (sequence 0's).
+static void *layer_cache(const Exec *e, void *cache, int layer) {
+    return (char *)cache + (size_t)layer * layer_rows_bytes(e, e->cfg.seq_len);
+}
+
 // Token m's position and the offset (elements) of its sequence's cache for a layer, in the
 // current forward's layout (RunState.seq_stride).
 static int token_pos(const Exec *e, int pos, int m) { return e->s.seq_stride ? pos : pos + m; }
 static size_t cache_offset(const Exec *e, int layer, int m) {
-    const Config *p = &e->cfg;
-    size_t layer_elems = (size_t)p->seq_len * (p->dim / p->n_heads * p->n_kv_heads);
-    return (e->s.seq_stride ? m * e->s.seq_stride : 0) + layer * layer_elems;
+    return (e->s.seq_stride ? m * e->s.seq_stride : 0) + (size_t)layer * e->cfg.seq_len * kv_dim_of(&e->cfg);
 }
 
 // RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size); keys only cover
@@ -284,20 +293,13 @@ static int argmax_row(const float *v, int n) {
 
 static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, e->cfg.vocab_size); }
 
-// The KV caches' bytes: of one layer's first `rows` positions, and of one sequence.
-static size_t layer_rows_bytes(const Exec *e, int rows) {
-    const Config *p = &e->cfg;
-    return (size_t)rows * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
-}
-static size_t seq_cache_bytes(const Exec *e) { return e->cfg.n_layers * layer_rows_bytes(e, e->cfg.seq_len); }
-
 // Calls copy(dst, src, bytes) for each layer's first rows of both caches, sequence 0 to the rest.
 static void for_each_cache_copy(Exec *e, int rows, void (*copy)(Exec *e, void *dst, const void *src, size_t bytes)) {
     for (int b = 1; b < e->n_seqs; b++)
         for (int l = 0; l < e->cfg.n_layers; l++) {
-            size_t at = l * layer_rows_bytes(e, e->cfg.seq_len), to = b * seq_cache_bytes(e) + at;
-            copy(e, (char *)e->s.key_cache + to, (char *)e->s.key_cache + at, layer_rows_bytes(e, rows));
-            copy(e, (char *)e->s.value_cache + to, (char *)e->s.value_cache + at, layer_rows_bytes(e, rows));
+            const char *k = layer_cache(e, e->s.key_cache, l), *v = layer_cache(e, e->s.value_cache, l);
+            copy(e, (char *)k + b * seq_cache_bytes(e), k, layer_rows_bytes(e, rows));
+            copy(e, (char *)v + b * seq_cache_bytes(e), v, layer_rows_bytes(e, rows));
         }
 }
 static void host_copy(Exec *e, void *dst, const void *src, size_t bytes) {
@@ -322,7 +324,7 @@ typedef struct {
 
 // cache: one sequence's; n_seqs of them are allocated.
 static StateSizes state_sizes(const Config *p) {
-    size_t kv_dim = (size_t)p->dim / p->n_heads * p->n_kv_heads;
+    size_t kv_dim = kv_dim_of(p);
     return (StateSizes){(size_t)MAX_TOKENS * p->dim, MAX_TOKENS * kv_dim, (size_t)MAX_TOKENS * p->hidden_dim,
                         (size_t)MAX_TOKENS * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
 }
@@ -419,7 +421,7 @@ static const float *forward_batch(Exec *e, const int *tokens, int B, int pos) {
         fprintf(stderr, "run: a batch of %d sequences, the executor has caches for %d\n", B, e->n_seqs);
         exit(1);
     }
-    e->s.seq_stride = (size_t)p->n_layers * p->seq_len * (p->dim / p->n_heads * p->n_kv_heads);
+    e->s.seq_stride = (size_t)p->n_layers * p->seq_len * kv_dim_of(p);
     const float *logits = run_layers(e, tokens, B, pos, 1);
     e->s.seq_stride = 0;
     return logits;
@@ -545,8 +547,6 @@ static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, con
 static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, const Mat *w, int acc) {
     gpu_linear(e, out, in, M, w, acc, 0);
 }
-// forward-declared: the layer's slice of a KV cache
-static void *layer_cache(const Exec *e, void *cache, int layer);
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos);
 static void gpu_op_qkv_rope_fused(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
     if (use_tensor_cores(e, M, wq)) {   // prefill: three tensor-core launches, then RoPE + store
@@ -567,11 +567,6 @@ static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w
     e->ops->matmul(e, e->s.hb, in, M, w1, 0);
     e->ops->matmul(e, e->s.hb2, in, M, w3, 0);
     gpu_swiglu(GPU(e)->ctx, e->s.hb, e->s.hb2, M * w1->rows);
-}
-// The layer's slice of a KV cache: (seq_len, kv_dim) elements of kv_bytes each.
-static void *layer_cache(const Exec *e, void *cache, int layer) {
-    const Config *p = &e->cfg;
-    return (char *)cache + (size_t)layer * p->seq_len * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
 }
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
@@ -1099,10 +1094,7 @@ static size_t weight_bytes_per_token(const Model *m, int fp16) {
 
 // KV cache bytes the attention of one token at position pos reads: keys and values of positions
 // 0..pos in every layer.
-static double kv_bytes_at(const Exec *e, int pos) {
-    const Config *p = &e->cfg;
-    return 2.0 * p->n_layers * (pos + 1) * (p->dim / p->n_heads * p->n_kv_heads) * e->kv_bytes;
-}
+static double kv_bytes_at(const Exec *e, int pos) { return 2.0 * e->cfg.n_layers * layer_rows_bytes(e, pos + 1); }
 
 // Flushes stdout: 0, or -1 with the reason in err if it is gone (a closed pipe).
 static int flush_stdout(char *err) {

@@ -138,7 +138,7 @@ static void run_fp16(int c, void *p) {
 static int profile_once(int N, int K, int M, int gs) {
     Case k;
     k.N = N, k.K = K;
-    k.g = gpu_create((size_t)N * K, (size_t)(M + 127) / 128 * 128 * ((K + 63) / 64 * 64));
+    k.g = gpu_create((size_t)N * K, (size_t)round_up(M, 128) * round_up(K, 64));
     int stride = (K + 15) / 16 * 16, groups = (K + gs - 1) / gs;
     size_t q_bytes = (size_t)N * stride, s_bytes = (size_t)N * groups * 4;
     int8_t *q = (int8_t *)dev_random(q_bytes + s_bytes, 7);

@@ -284,13 +284,18 @@ static float *exec_logits(Exec *e, const int *tokens, int T, int first) {
     return out;
 }
 
+// prompt[0..n) into sequence 0 at positions 0.., in chunks of TEST_CHUNK.
+static void prefill_test_chunks(Exec *e, const int *prompt, int n) {
+    for (int done = 0; done < n; done += TEST_CHUNK) forward(e, prompt + done, n - done < TEST_CHUNK ? n - done : TEST_CHUNK, done, 0);
+}
+
 // A batch of B sequences through an executor made for them (n_seqs = B): a shared prompt of n
 // tokens prefilled into sequence 0 and copied, then `steps` batched decode steps, sequence b fed
 // its own tokens tok[step][b]. Returns the logits of every step, (steps, B, vocab), in host memory.
 static float *batch_logits(Exec *e, const int *prompt, int n, const int *tok, int B, int steps) {
     int V = e->cfg.vocab_size;
     float *out = talloc((size_t)steps * B * V * sizeof(float));
-    for (int done = 0; done < n; done += TEST_CHUNK) forward(e, prompt + done, n - done < TEST_CHUNK ? n - done : TEST_CHUNK, done, 0);
+    prefill_test_chunks(e, prompt, n);
     e->ops->copy_cache(e, n);
     for (int st = 0; st < steps; st++) {
         const float *l = e->ops->to_host(e, forward_batch(e, tok + (size_t)st * B, B, n + st), B);
@@ -306,7 +311,7 @@ static float *separate_logits(const Model *m, const int *prompt, int n, const in
     for (int b = 0; b < B; b++) {
         Exec e;
         cpu_exec_init(&e, m, 1, context);
-        for (int done = 0; done < n; done += TEST_CHUNK) forward(&e, prompt + done, n - done < TEST_CHUNK ? n - done : TEST_CHUNK, done, 0);
+        prefill_test_chunks(&e, prompt, n);
         for (int st = 0; st < steps; st++) {
             const float *l = forward(&e, &tok[(size_t)st * B + b], 1, n + st, 0);
             memcpy(out + ((size_t)st * B + b) * V, l, V * sizeof(float));
