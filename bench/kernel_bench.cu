@@ -309,8 +309,17 @@ static int across_m(int gs, const char *csv_path) {
 }
 
 int main(int argc, char **argv) {
-    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--profile"))
-        return profile_once(atoi(argv[2]), atoi(argv[3]), argc == 5 ? atoi(argv[4]) : 1, 128);
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--profile")) {
+        const int N = atoi(argv[2]), K = atoi(argv[3]), M = argc == 5 ? atoi(argv[4]) : 1;
+        if (N < 1 || K < 1 || M < 1 || N > 65536 || K > 65536 || M > 512) {
+            fprintf(stderr, "kernel_bench: --profile N K [M]: N and K 1 to 65536, M 1 to 512, got %s %s %s\n", argv[2], argv[3],
+                    argc == 5 ? argv[4] : "1");
+            return 2;
+        }
+        char why[ERR_LEN];
+        if (gpu_probe(why)) { fprintf(stderr, "kernel_bench: %s\n", why); return 1; }
+        return profile_once(N, K, M, 128);
+    }
     if (argc >= 2 && !strcmp(argv[1], "--across-m")) {
         char why[ERR_LEN];
         if (gpu_probe(why)) { fprintf(stderr, "kernel_bench: %s\n", why); return 1; }

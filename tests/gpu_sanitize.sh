@@ -12,6 +12,11 @@
 # failure). The kernels' mbarriers are raw PTX, which synccheck does not count from the module;
 # --num-cuda-barriers gives it room for them.
 set -u
+positive() {   # name value: a whole number above 0, else a message and exit 2
+    case $2 in '' | *[!0-9]* | 0) echo "gpu_sanitize.sh: $1 must be a whole number above 0, got \"$2\"" >&2; exit 2 ;; esac
+}
+positive JOBS "${JOBS:-1}"
+[ -z "${TIMEOUT:-}" ] || positive TIMEOUT "$TIMEOUT"
 cd "$(dirname "$0")/.."
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 pass=0 fail=0
