@@ -6,16 +6,16 @@
 # cores then decoded as --batch 4. Each of memcheck, racecheck, initcheck and synccheck must
 # report nothing. Ends with "N passed, N failed, N skipped".
 # Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch random long
-# real" by default, i.e. all of it; instrumented, the whole suite takes longer than the device
-# tool's 10 minutes a command, so the parts may run as separate commands, or side by side);
-# SUITE=0 (no suite);
-# GENS=0 (no generations). The kernels' mbarriers are raw PTX, which synccheck does not count
-# from the module; --num-cuda-barriers gives it room for them.
+# real" by default, i.e. all of it); SUITE=0 (no suite); GENS=0 (no generations); JOBS=N (N runs
+# side by side, default 1: instrumented, the whole suite one run at a time takes far longer than
+# the device tool's 10 minutes a command); TIMEOUT=S (a run's limit in seconds, reported as a
+# failure). The kernels' mbarriers are raw PTX, which synccheck does not count from the module;
+# --num-cuda-barriers gives it room for them.
 set -u
 cd "$(dirname "$0")/.."
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 pass=0 fail=0
-log=$(mktemp) targets=$(mktemp)   # targets: one command per line
+dir=$(mktemp -d) targets=$(mktemp)   # targets: one command per line
 q8=models/stories260K_q8.bin f32=models/stories260K.bin T=models/tok512.bin
 if [ "${SUITE:-1}" != 0 ]; then
     for p in ${PARTS:-linear batch random long real}; do echo "tests/test_run_gpu --gpu-only --quick --gpu-part $p models"; done
@@ -26,17 +26,32 @@ if [ "${GENS:-1}" != 0 ]; then
     echo "./run $q8 -z $T -n 48 -t 0.8 -p Once.upon.a.time.there.was.a.little.girl --batch 4"
 fi >> "$targets"
 for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
-    while IFS= read -r target; do
-        extra=; [ "$tool" = synccheck ] && extra="--num-cuda-barriers 64"
-        $CS --tool "$tool" $extra --error-exitcode 9 $target > "$log" 2>&1 < /dev/null
-        rc=$?
-        if [ $rc -eq 0 ] && grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log"; then
-            echo "PASS $tool: $target"; pass=$((pass + 1))
-        else
-            echo "FAIL $tool: $target (exit $rc)"; grep -E "=========" "$log" | head -12; fail=$((fail + 1))
-        fi
-    done < "$targets"
-done
-rm -f "$log" "$targets"
+    while IFS= read -r target; do echo "$tool $target"; done < "$targets"
+done > "$dir/jobs"
+# One (tool, target) run; its output in $dir/N.log, its exit status in $dir/N.rc.
+run_one() {
+    extra=; [ "$1" = synccheck ] && extra="--num-cuda-barriers 64"
+    ${TIMEOUT:+timeout "$TIMEOUT"} $CS --tool "$1" $extra --error-exitcode 9 $2 > "$dir/$3.log" 2>&1 < /dev/null
+    echo $? > "$dir/$3.rc"
+}
+i=0
+while read -r tool target; do
+    i=$((i + 1))
+    run_one "$tool" "$target" $i &
+    [ $((i % ${JOBS:-1})) -eq 0 ] && wait
+done < "$dir/jobs"
+wait
+i=0
+while read -r tool target; do
+    i=$((i + 1)) rc=$(cat "$dir/$i.rc")
+    if [ "$rc" -eq 0 ] && grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$dir/$i.log"; then
+        echo "PASS $tool: $target"; pass=$((pass + 1))
+    else
+        [ "$rc" -eq 124 ] && why="timed out after ${TIMEOUT}s" || why="exit $rc"
+        echo "FAIL $tool: $target ($why)"
+        grep -E "^=========|^FAIL" "$dir/$i.log" | head -12; fail=$((fail + 1))
+    fi
+done < "$dir/jobs"
+rm -rf "$dir" "$targets"
 echo "$pass passed, $fail failed, 0 skipped"
 [ $fail -eq 0 ]

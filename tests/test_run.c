@@ -845,24 +845,35 @@ static void dev_poison(float *d, size_t n) {
     gpu_upload(d, nan, n * sizeof(float));
 }
 
+// The float64 reference of y (M, N) = x W^T, and sum_k |w x| per output (the error scale).
+static void linear_ref(const Mat *w, const float *x, int M, double *ref, double *mag) {
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < w->rows; r++) {
+            double sum = 0, abs_sum = 0;
+            for (int k = 0; k < w->cols; k++) {
+                double t = wval(w, r, k) * x[(size_t)m * w->cols + k];
+                sum += t, abs_sum += fabs(t);
+            }
+            ref[(size_t)m * w->rows + r] = sum, mag[(size_t)m * w->rows + r] = abs_sum;
+        }
+}
+
 // y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
 // accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
 // failure or NULL.
-static const char *check_linear_tol(const float *y, const Mat *w, const float *x, int M, double rel, char *what) {
-    for (int m = 0; m < M; m++)
-        for (int r = 0; r < w->rows; r++) {
-            double ref = 0, mag = 0;
-            for (int k = 0; k < w->cols; k++) {
-                double t = wval(w, r, k) * x[(size_t)m * w->cols + k];
-                ref += t, mag += fabs(t);
-            }
-            double err = fabs(y[(size_t)m * w->rows + r] - ref);
-            if (!(err <= rel * mag + 1e-30)) {
-                snprintf(what, 200, "M %d: y[%d][%d] = %g, reference %g (tolerance %.2e)", M, m, r, y[(size_t)m * w->rows + r], ref, rel * mag);
-                return what;
-            }
+static const char *check_ref(const float *y, const double *ref, const double *mag, int M, int N, double rel, char *what) {
+    for (size_t i = 0; i < (size_t)M * N; i++)
+        if (!(fabs(y[i] - ref[i]) <= rel * mag[i] + 1e-30)) {
+            snprintf(what, 200, "M %d: y[%zu][%zu] = %g, reference %g (tolerance %.2e)", M, i / N, i % N, y[i], ref[i], rel * mag[i]);
+            return what;
         }
     return NULL;
+}
+
+static const char *check_linear_tol(const float *y, const Mat *w, const float *x, int M, double rel, char *what) {
+    double *ref = talloc((size_t)M * w->rows * sizeof(double)), *mag = talloc((size_t)M * w->rows * sizeof(double));
+    linear_ref(w, x, M, ref, mag);
+    return check_ref(y, ref, mag, M, w->rows, rel, what);
 }
 
 static const char *check_linear(const float *y, const Mat *w, const float *x, int M, char *what) {
@@ -876,7 +887,10 @@ static const char *check_linear(const float *y, const Mat *w, const float *x, in
 #define WGMMA_REL_TOL 1.6e-3
 
 static void test_gpu_linear(void) {
-    int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130}, Ms[] = {1, 3, 33, 2, 7, 16, 100, 257};
+    // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
+    // with K <= 4096 only (the FP16 x scratch)
+    int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130};
+    int Ms[] = {1, 3, 33, 2, 7, 16, 100, 257, 4, 8, 32, 64, 128, 256, 512};
     // --quick (instrumented runs): the first three K and M, every group size and N
     for (size_t ki = 0; ki < (quick ? 3 : sizeof Ks / sizeof Ks[0]); ki++)
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
@@ -902,8 +916,11 @@ static void test_gpu_linear(void) {
                 gpu_free(dq);
                 for (size_t mi = 0; mi < (quick ? 3 : sizeof Ms / sizeof Ms[0]); mi++) {
                     int M = Ms[mi];
+                    if (M > 257 && K > 4096) continue;
                     float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
+                    double *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
+                    linear_ref(&h, x, M, ref, mag);
                     float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
                     mma = gpu_matmul_q8_mma_supported(&d);
                     // paths: fused, unfused, then (gs % 64 == 0) mma.sync and wgmma, each at every M
@@ -914,7 +931,7 @@ static void test_gpu_linear(void) {
                         else gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 0, path == 2 ? TC_MMA_SYNC : TC_WGMMA);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                         const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : path == 2 ? &fail_mma : &fail_wg;
-                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
+                        if (!*slot) *slot = check_ref(y, ref, mag, M, N, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
                     }
                     // accumulate: y0 + x W^T, from a random y0
                     float *y0 = talloc((size_t)M * N * sizeof(float));
@@ -923,21 +940,21 @@ static void test_gpu_linear(void) {
                     gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 1);
                     gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
-                    if (!fail_acc) fail_acc = check_linear(y, &h, x, M, what);
+                    if (!fail_acc) fail_acc = check_ref(y, ref, mag, M, N, 1e-5, what);
                     for (int kernel = TC_MMA_SYNC; mma && kernel <= TC_WGMMA; kernel++) {   // the tensor-core kernels' accumulate
                         gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
                         gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 1, kernel);
                         gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
                         for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];   // includes y0's rounding
                         const char **slot = kernel == TC_MMA_SYNC ? &fail_mma : &fail_wg;
-                        if (!*slot) *slot = check_linear_tol(y, &h, x, M, (kernel == TC_MMA_SYNC ? MMA_REL_TOL : WGMMA_REL_TOL) + 1e-5, what);
+                        if (!*slot) *slot = check_ref(y, ref, mag, M, N, (kernel == TC_MMA_SYNC ? MMA_REL_TOL : WGMMA_REL_TOL) + 1e-5, what);
                     }
                     gpu_free(dx), gpu_free(dy);
                 }
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
                 arena_free();
             }
-            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : 257);
+            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : K > 4096 ? 257 : 512);
             check(!fail_fused, name, "%s", fail_fused);
             snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
             check(!fail_acc, name, "%s", fail_acc);
@@ -1125,18 +1142,16 @@ static void test_gpu_random_models(void) {
 // A context of 1300: the attention splits into six blocks of 256 rows per head (the last
 // partial, the later ones empty early on); 1040 tokens prefilled in chunks, then 60 decoded.
 static void test_gpu_long_context(void) {
-    {
-        Config c = {64, 96, 2, 4, 2, 97, 1300};
-        char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
-        random_model_files(c, 1, 32, 0, fp32, q8, NULL);
-        compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
-        // the same shape at GS 64, prefilled in chunks of MAX_TOKENS: the tensor-core run takes
-        // the wgmma kernel (chunks of 512), mma.sync (the last, 16), partial row and K tiles
-        random_model_files(c, 1, 64, 0, fp32, q8, NULL);
-        prefill_chunk = MAX_TOKENS;
-        compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
-        prefill_chunk = TEST_CHUNK;
-    }
+    Config c = {64, 96, 2, 4, 2, 97, 1300};
+    char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
+    random_model_files(c, 1, 32, 0, fp32, q8, NULL);
+    compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
+    // the same shape at GS 64, prefilled in chunks of MAX_TOKENS: the tensor-core run takes the
+    // wgmma kernel (chunks of 512), mma.sync (the last, 16), partial row and K tiles
+    random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+    prefill_chunk = MAX_TOKENS;
+    compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
+    prefill_chunk = TEST_CHUNK;
 }
 
 // The real checkpoints, and two layers of Llama-2-7B's shapes.
