@@ -203,6 +203,7 @@ struct Q8Args {
     const float *x;    // (M, K)
     int n_out, M, K, stride, groups, gs, group_shift;
     int accumulate;    // y += result instead of y = result
+    const float *norm_w;  // non-NULL: x is the raw residual stream, RMSNorm'd on the fly with these (K) weights
     int prefetch_bytes;   // of each weight row, asked of L2 before the previous kernel ends (PDL)
     int late_release;     // PDL: let the next kernel launch after the main loop, not at the start
     RopeStore rope;
@@ -233,7 +234,12 @@ __device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, int hea
 //   multiplies the chunk's partial sum. A warp reduction gives each output. No dequantized weight
 //   is ever stored, in shared or global memory.
 //   kShiftGroups: gs is 16 * 2^group_shift, so chunk c lies in group c >> group_shift.
-template <int R, int kUnroll, int MT, bool kShiftGroups, bool kPair>
+//   kNorm (a.norm_w: the RMSNorm before this layer, folded in): each warp sees every x element
+//   of its tokens anyway, so it sums their squares on the way and multiplies x by the norm
+//   weights; the 1 / rms factor, a per-token scalar, multiplies the finished sums. Saves the
+//   norm's launch and its pass over x. (A template flag: as a run-time branch it cost the plain
+//   M = 1 kernel 35 registers.)
+template <int R, int kUnroll, int MT, bool kShiftGroups, bool kPair, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) {
     const int j = kPair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2
                             : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
@@ -262,11 +268,14 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     // once (its blocks wait on SMs that have room now, which may be few for a long GEMV).
     pdl_wait();
     if (!a.late_release) pdl_release();
-    float acc[MT][RR];
+    float acc[MT][RR], sumsq[MT];
 #pragma unroll
-    for (int t = 0; t < MT; t++)
+    for (int t = 0; t < MT; t++) {
+        sumsq[t] = 0.0f;
 #pragma unroll
         for (int r = 0; r < RR; r++) acc[t][r] = 0.0f;
+    }
+    const bool vec_norm = kNorm && vec_x && (reinterpret_cast<uintptr_t>(a.norm_w) & 15) == 0;
 
     const int chunks = stride / 16;
     for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
@@ -291,6 +300,12 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
                 if (m0 + t >= a.M) break;
                 float xv[16];
                 load_x16(xv, a.x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
+                if (kNorm) {
+                    float gv[16];
+                    load_x16(gv, a.norm_w, 16 * c, K, vec_norm);
+#pragma unroll
+                    for (int j = 0; j < 16; j++) sumsq[t] = fmaf(xv[j], xv[j], sumsq[t]), xv[j] *= gv[j];
+                }
 #pragma unroll
                 for (int r = 0; r < RR; r++) {
                     if (kShiftGroups) acc[t][r] = fmaf(scale[u][r], dot16(w[u][r], xv), acc[t][r]);
@@ -302,11 +317,13 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     if (a.late_release) pdl_release();
 #pragma unroll
     for (int t = 0; t < MT; t++) {
+        // the same 1 / rms as rmsnorm_kernel's (and the CPU's)
+        const float inv_rms = kNorm ? 1.0f / sqrtf(warp_sum(sumsq[t]) / K + 1e-5f) : 1.0f;
         float v[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            v[r] = warp_sum(acc[t][r]);
-            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * warp_sum(acc[t][r + R]);   // silu(w1 x) * (w3 x)
+            v[r] = warp_sum(acc[t][r]) * inv_rms;
+            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * (warp_sum(acc[t][r + R]) * inv_rms);   // silu(w1 x) * (w3 x)
         }
         if (lane != 0 || m0 + t >= a.M) continue;
         if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: the warp holds whole RoPE pairs
@@ -1199,7 +1216,8 @@ static void launch_q8(GpuCtx *g, Q8Args a) {
     dim3 grid(assign_blocks(&a, kWarps * R, kPair), ceil_div_i(a.M, MT));
     a.prefetch_bytes = g->pdl ? g->prefetch_bytes : 0;
     a.late_release = g->late_release;
-    launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair>, grid, dim3(kWarps * 32), 0, a);
+    if (a.norm_w) launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair, true>, grid, dim3(kWarps * 32), 0, a);
+    else launch(g, "q8_matmul_kernel", q8_matmul_kernel<R, U, MT, kShift, kPair, false>, grid, dim3(kWarps * 32), 0, a);
 }
 
 // Tokens per block: the power of two covering M, at most 8 (their accumulators are registers);
@@ -1242,30 +1260,40 @@ static void launch_q8_any(GpuCtx *g, const Q8Args &a) {
 }
 
 extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
+    gpu_matmul_q8_fused_norm(g, y, x, M, w, accumulate, NULL);
+}
+
+extern "C" void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate,
+                                         const float *norm_w) {
     Q8Args a = q8_args(x, M, 1, &w, &y, accumulate);
+    a.norm_w = norm_w;
     if (M == 1 && a.group_shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
     else launch_q8_any<false>(g, a);
 }
 
 extern "C" void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk,
                                        const Mat *wv, void *key_cache, void *value_cache, int head_size, int kv_half,
-                                       size_t seq_stride) {
+                                       size_t seq_stride, const float *norm_w) {
     static_assert(kRowsPerWarp % 2 == 0, "RoPE pairs must not straddle warps");
     const Mat *w[3] = {wq, wk, wv};
     float *y[3] = {q, NULL, NULL};
     Q8Args a = q8_args(x, M, 3, w, y, 0);
     a.rope = (RopeStore){g->inputs, key_cache, value_cache, head_size, kv_half, seq_stride};
+    a.norm_w = norm_w;
     launch_q8_any<false>(g, a);
 }
 
-extern "C" void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3) {
+extern "C" void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3,
+                                     const float *norm_w) {
     const Mat *w[2] = {w1, w3};
     float *y[2] = {h, NULL};
     if (w1->rows != w3->rows) {
         fprintf(stderr, "run: fused SwiGLU: w1 has %d rows, w3 %d\n", w1->rows, w3->rows);
         exit(1);
     }
-    launch_q8_any<true>(g, q8_args(x, M, 2, w, y, 0));
+    Q8Args a = q8_args(x, M, 2, w, y, 0);
+    a.norm_w = norm_w;
+    launch_q8_any<true>(g, a);
 }
 
 // Tuning: the M = 1 kernel with other rows per warp (1, 2, 4) and chunks in flight (2, 4, 8),

@@ -48,14 +48,18 @@ void gpu_graph_free(GpuGraph *graph);
 // Linear layers: y (M, N) = x (M, K) W^T, W (N, K) given as a Mat with device pointers; x rows
 // are K floats apart, y rows N. accumulate: y += x W^T instead (the residual add, fused).
 void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
+// RMSNorm folded in (this and the two below): norm_w non-NULL means x is the un-normalised
+// residual stream and the layer's input is rmsnorm(x) * norm_w (K weights), done on the fly.
+void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, const float *norm_w);
 // The attention's q, k, v (three INT8 weights of one K) in one launch, with RoPE applied at the
 // step's positions to q and k in the epilogue, and k, v stored into rows pos..pos+M-1 of the
 // layer's caches (seq_len, kv_dim), FP16 if kv_half: gpu_rope_store's work without its launch.
 // q (M, dim) is written.
 void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk, const Mat *wv,
-                            void *key_cache, void *value_cache, int head_size, int kv_half, size_t seq_stride);
+                            void *key_cache, void *value_cache, int head_size, int kv_half, size_t seq_stride,
+                            const float *norm_w);
 // h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
-void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3);
+void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3, const float *norm_w);
 // The same product on the tensor cores (mma.sync, FP16 inputs, FP32 accumulation): x converted to
 // FP16 once into the context's half scratch (half_floats >= M * K), W int8 dequantized exactly to
 // FP16 in registers, each 64-wide step's partial sums scaled in FP32. Error: x's rounding to FP16,

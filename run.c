@@ -464,6 +464,10 @@ typedef struct {
     int capturing;
     int decode_step;            // this forward is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
+    // The fused path's RMSNorm, held back so that the next SIMT GEMV folds it in (its input is
+    // then `in`, normalised on the fly): out = rmsnorm(in) * w, M rows; w NULL when none is held.
+    struct { float *out; const float *in, *w; int M; } norm;
+    int no_norm_fold;           // RUN_NO_NORM_FOLD=1: every RMSNorm as its own kernel (comparison)
 } GpuExec;
 
 #define GPU(e) ((GpuExec *)(e)->priv)
@@ -488,6 +492,37 @@ static Mat device_mat(const GpuExec *g, const Mat *m) {
 
 // Token ids and the position go to device memory; the decode step runs as a replayed graph,
 // whose last kernel is the greedy argmax (so that one int crosses to the host per token).
+// Runs the held-back RMSNorm, if any, as its own kernel.
+static void flush_norm(Exec *e) {
+    GpuExec *g = GPU(e);
+    if (!g->norm.w) return;
+    gpu_rmsnorm(g->ctx, g->norm.out, g->norm.in, g->norm.w, g->norm.M, e->cfg.dim);
+    g->norm.w = NULL;
+}
+// The fused path's rmsnorm: held back for the GEMV that reads `out` next.
+static void gpu_op_rmsnorm_held(Exec *e, float *out, const float *in, const float *w, int M) {
+    GpuExec *g = GPU(e);
+    flush_norm(e);
+    if (g->no_norm_fold) {
+        gpu_rmsnorm(g->ctx, out, in, w, M, e->cfg.dim);
+        return;
+    }
+    g->norm.out = out, g->norm.in = in, g->norm.w = w, g->norm.M = M;
+}
+// For a SIMT GEMV about to read *in (M rows): the held RMSNorm's weights if it produces exactly
+// that input, *in then replaced by the norm's own input; else NULL, the norm (if any) run first.
+static const float *take_norm(Exec *e, const float **in, int M) {
+    GpuExec *g = GPU(e);
+    const float *w = g->norm.w;
+    if (!w || g->norm.out != *in || g->norm.M != M) {
+        flush_norm(e);
+        return NULL;
+    }
+    *in = g->norm.in;
+    g->norm.w = NULL;
+    return w;
+}
+
 static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, M, pos);
@@ -506,6 +541,7 @@ static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logi
 
 static void gpu_op_end(Exec *e) {
     GpuExec *g = GPU(e);
+    flush_norm(e);
     if (g->decode_step) {
         gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
         g->argmax_ready = 1;
@@ -523,7 +559,6 @@ static void gpu_op_embed(Exec *e, const int *tokens, int M) {
 static void gpu_op_rmsnorm(Exec *e, float *out, const float *in, const float *w, int M) {
     gpu_rmsnorm(GPU(e)->ctx, out, in, w, M, e->cfg.dim);
 }
-
 // The paths differ only here: how a linear layer is done.
 // Batches of more than TC_MIN_TOKENS tokens (prefill, --batch) take the tensor-core kernels where the
 // group size allows; a single token (decode) the SIMT GEMV, which streams the weights with fewer
@@ -535,10 +570,15 @@ static int use_tensor_cores(const Exec *e, int M, const Mat *w) {
 
 static void gpu_linear(Exec *e, float *out, const float *in, int M, const Mat *w, int acc, int fused) {
     GpuCtx *c = GPU(e)->ctx;
+    if (fused && !w->h && !w->f && !use_tensor_cores(e, M, w)) {   // the SIMT GEMV: folds a held norm
+        const float *norm_w = take_norm(e, &in, M);
+        gpu_matmul_q8_fused_norm(c, out, in, M, w, acc, norm_w);
+        return;
+    }
+    flush_norm(e);
     if (w->h) gpu_matmul_f16(c, out, in, M, w->h, w->rows, w->cols, acc);
     else if (w->f) gpu_matmul_f32(c, out, in, M, w->f, w->rows, w->cols, w->stride, acc);
-    else if (fused && use_tensor_cores(e, M, w)) gpu_matmul_q8_mma(c, out, in, M, w, acc);
-    else if (fused) gpu_matmul_q8_fused(c, out, in, M, w, acc);
+    else if (fused) gpu_matmul_q8_mma(c, out, in, M, w, acc);
     else gpu_matmul_q8_unfused(c, out, in, M, w, acc);
 }
 static void gpu_op_matmul_fused(Exec *e, float *out, const float *in, int M, const Mat *w, int acc) {
@@ -550,18 +590,25 @@ static void gpu_op_matmul_unfused(Exec *e, float *out, const float *in, int M, c
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos);
 static void gpu_op_qkv_rope_fused(Exec *e, int layer, const float *in, int M, const Mat *wq, const Mat *wk, const Mat *wv) {
     if (use_tensor_cores(e, M, wq)) {   // prefill: three tensor-core launches, then RoPE + store
+        flush_norm(e);
         qkv_by_matmul(e, layer, in, M, wq, wk, wv);
         gpu_op_rope_store(e, layer, M, 0);
         return;
     }
+    const float *norm_w = take_norm(e, &in, M);
     gpu_matmul_q8_qkv_rope(GPU(e)->ctx, e->s.q, in, M, wq, wk, wv, layer_cache(e, e->s.key_cache, layer),
                            layer_cache(e, e->s.value_cache, layer), e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half,
-                           e->s.seq_stride);
+                           e->s.seq_stride, norm_w);
 }
 static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3);
 static void gpu_op_ffn_up_fused(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
-    if (use_tensor_cores(e, M, w1)) gpu_op_ffn_up_separate(e, in, M, w1, w3);   // prefill
-    else gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3);
+    if (use_tensor_cores(e, M, w1)) {   // prefill
+        flush_norm(e);
+        gpu_op_ffn_up_separate(e, in, M, w1, w3);
+        return;
+    }
+    const float *norm_w = take_norm(e, &in, M);
+    gpu_matmul_q8_swiglu(GPU(e)->ctx, e->s.hb, in, M, w1, w3, norm_w);
 }
 static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w1, const Mat *w3) {
     e->ops->matmul(e, e->s.hb, in, M, w1, 0);
@@ -570,6 +617,7 @@ static void gpu_op_ffn_up_separate(Exec *e, const float *in, int M, const Mat *w
 }
 static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
+    flush_norm(e);
     int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
     (void)pos;   // on the device (begin)
     gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, layer_cache(e, e->s.key_cache, layer),
@@ -577,6 +625,7 @@ static void gpu_op_rope_store(Exec *e, int layer, int M, int pos) {
 }
 static void gpu_op_attention(Exec *e, int layer, int M, int pos) {
     const Config *p = &e->cfg;
+    flush_norm(e);
     (void)pos;   // on the device (begin)
     gpu_attention(GPU(e)->ctx, e->s.xb, GPU(e)->att_part, e->s.q, layer_cache(e, e->s.key_cache, layer),
                   layer_cache(e, e->s.value_cache, layer), M, p->n_heads, p->n_kv_heads, p->dim / p->n_heads, p->seq_len,
@@ -647,7 +696,7 @@ static void gpu_op_release(Exec *e) {
     free(g);
 }
 
-static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
+static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm_held,
                                   gpu_op_matmul_fused, gpu_op_qkv_rope_fused, gpu_op_ffn_up_fused, NULL,
                                   gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
@@ -737,6 +786,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     g->opt = opt;
     g->ctx = gpu_create(scratch, half_in);
     gpu_set_pdl(g->ctx, opt.pdl);
+    g->no_norm_fold = getenv("RUN_NO_NORM_FOLD") && !strcmp(getenv("RUN_NO_NORM_FOLD"), "1");
     g->d_map = gpu_alloc(m->map_bytes);
     gpu_upload(g->d_map, m->map, m->map_bytes);
     if (m->owned_bytes) {

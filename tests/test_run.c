@@ -891,6 +891,30 @@ static const char *check_linear(const float *y, const Mat *w, const float *x, in
 #define MMA_REL_TOL 6e-4
 #define WGMMA_REL_TOL 1.6e-3
 
+// gpu_matmul_q8_fused_norm: y = (rmsnorm(x) * g) W^T against float64, g random (and, for odd M,
+// one float off 16-byte alignment: the kernel's scalar path). d: W on the device, h: on the host.
+static const char *check_norm_folded(const Mat *d, const Mat *h, const float *x, const float *dx, float *dy, float *y, int M,
+                                     char *what) {
+    int K = h->cols, N = h->rows;
+    float *g = talloc((K + 1) * sizeof(float)), *xn = talloc((size_t)M * K * sizeof(float));
+    for (int k = 0; k <= K; k++) g[k] = nrand();
+    const float *gk = g + M % 2;
+    for (int m = 0; m < M; m++) {
+        double ss = 0;
+        for (int k = 0; k < K; k++) ss += (double)x[(size_t)m * K + k] * x[(size_t)m * K + k];
+        double inv = 1.0 / sqrt(ss / K + 1e-5);
+        for (int k = 0; k < K; k++) xn[(size_t)m * K + k] = (float)(x[(size_t)m * K + k] * inv * gk[k]);
+    }
+    double *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
+    linear_ref(h, xn, M, ref, mag);
+    float *dg = dev_put(g, (K + 1) * sizeof(float));
+    dev_poison(dy, (size_t)M * N);
+    gpu_matmul_q8_fused_norm(gctx, dy, dx, M, d, 0, dg + M % 2);
+    gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
+    gpu_free(dg);
+    return check_ref(y, ref, mag, M, N, 1e-5, what);
+}
+
 static void test_gpu_linear(void) {
     // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
     // with K <= 4096 only (the FP16 x scratch)
@@ -902,6 +926,7 @@ static void test_gpu_linear(void) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
             const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL, *fail_wg = NULL;
+            const char *fail_norm = NULL;
             int mma = 0;
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int N = Ns[ni];
@@ -954,6 +979,7 @@ static void test_gpu_linear(void) {
                         const char **slot = kernel == TC_MMA_SYNC ? &fail_mma : &fail_wg;
                         if (!*slot) *slot = check_ref(y, ref, mag, M, N, (kernel == TC_MMA_SYNC ? MMA_REL_TOL : WGMMA_REL_TOL) + 1e-5, what);
                     }
+                    if (!fail_norm) fail_norm = check_norm_folded(&d, &h, x, dx, dy, y, M, what);
                     gpu_free(dx), gpu_free(dy);
                 }
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
@@ -963,6 +989,8 @@ static void test_gpu_linear(void) {
             check(!fail_fused, name, "%s", fail_fused);
             snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
             check(!fail_acc, name, "%s", fail_acc);
+            snprintf(name, sizeof name, "gpu fused q8 matmul with the RMSNorm folded in (y = (rmsnorm(x) g) W^T) K=%d gs=%d", K, gs);
+            check(!fail_norm, name, "%s", fail_norm);
             snprintf(name, sizeof name, "gpu unfused dequant+cuBLAS K=%d gs=%d, vs float64", K, gs);
             check(!fail_unfused, name, "%s", fail_unfused);
             snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
