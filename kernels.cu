@@ -59,7 +59,13 @@ struct GpuCtx {
     int pdl;                 // launch with programmatic dependent launch allowed
     int prefetch_bytes;      // the GEMV's L2 prefetch per row under PDL (RUN_PREFETCH_BYTES overrides)
     int late_release;        // the GEMV releases its dependents after its loop (RUN_PDL_LATE=1; an experiment)
+    int gemv_tma;            // M = 1 through q8_gemv_tma_kernel where it applies (gpu_set_gemv_tma)
+    int gemv_stages;         // its ring's tiles (RUN_GEMV_STAGES overrides)
+    int gemv_blocks;         // its blocks per SM, where shared memory allows (RUN_GEMV_BLOCKS overrides)
+    int sms;                 // the GPU's multiprocessors
 };
+
+static int wgmma_available(void);
 
 struct GpuGraph {
     cudaGraph_t graph;
@@ -206,6 +212,7 @@ struct Q8Args {
     const float *norm_w;  // non-NULL: x is the raw residual stream, RMSNorm'd on the fly with these (K) weights
     int prefetch_bytes;   // of each weight row, asked of L2 before the previous kernel ends (PDL)
     int late_release;     // PDL: let the next kernel launch after the main loop, not at the start
+    int tma_rows, tma_stages;   // q8_gemv_tma_kernel: rows of each output per block, stages in its ring
     RopeStore rope;
 };
 
@@ -221,6 +228,34 @@ __device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, int hea
         const float v0 = v[r], v1 = v[r + 1];
         v[r] = v0 * cs - v1 * sn;
         v[r + 1] = v0 * sn + v1 * cs;
+    }
+}
+
+// The finished outputs v of rows row0 .. row0 + R - 1 (row0 even) of output j for token m, by
+// one thread: RoPE'd and stored into the KV cache (the QKV launch's k and v), or written to y
+// (added to it when accumulating). Rows past N are dropped.
+template <int R>
+__device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &o, int row0, int m, float v[R]) {
+    if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: whole RoPE pairs
+        const int pos = a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m);
+        if (j < 2) rope_rows<R>(v, row0, pos, a.rope.head_size);
+        if (j > 0) {
+            const size_t at = m * a.rope.seq_stride + (size_t)pos * o.N + row0;
+            void *cache = j == 1 ? a.rope.kc : a.rope.vc;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (row0 + r >= o.N) break;
+                if (a.rope.kv_half) reinterpret_cast<__half *>(cache)[at + r] = __float2half_rn(v[r]);
+                else reinterpret_cast<float *>(cache)[at + r] = v[r];
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (row0 + r >= o.N) break;
+        float *dst = o.y + (size_t)m * o.N + row0 + r;
+        *dst = a.accumulate ? *dst + v[r] : v[r];
     }
 }
 
@@ -325,28 +360,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
             v[r] = warp_sum(acc[t][r]) * inv_rms;
             if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * (warp_sum(acc[t][r + R]) * inv_rms);   // silu(w1 x) * (w3 x)
         }
-        if (lane != 0 || m0 + t >= a.M) continue;
-        if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: the warp holds whole RoPE pairs
-            const int pos = a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m0 + t);
-            if (j < 2) rope_rows<R>(v, row0, pos, a.rope.head_size);
-            if (j > 0) {
-                const size_t at = (m0 + t) * a.rope.seq_stride + (size_t)pos * o.N + row0;
-                void *cache = j == 1 ? a.rope.kc : a.rope.vc;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    if (row0 + r >= o.N) break;
-                    if (a.rope.kv_half) reinterpret_cast<__half *>(cache)[at + r] = __float2half_rn(v[r]);
-                    else reinterpret_cast<float *>(cache)[at + r] = v[r];
-                }
-                continue;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (row0 + r >= o.N) break;
-            float *dst = o.y + (size_t)(m0 + t) * o.N + row0 + r;
-            *dst = a.accumulate ? *dst + v[r] : v[r];
-        }
+        if (lane == 0 && m0 + t < a.M) store_rows<R>(a, j, o, row0, m0 + t, v);
     }
 }
 
@@ -591,12 +605,22 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+// The barrier's one arrival for this phase, which then completes once `bytes` more have landed.
+__device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, int bytes) {
 #if WG_SM90A
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// A copy of `bytes` (a multiple of 16, both ends 16-aligned) counted against bar's expected bytes.
+__device__ __forceinline__ void bulk_copy_counted(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+#if WG_SM90A
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+    mbar_arrive_expect(bar, bytes);
+    bulk_copy_counted(dst, src, bytes, bar);
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 #if WG_SM90A
@@ -756,6 +780,170 @@ __global__ void __launch_bounds__(256, 1) q8_wgmma_kernel(const Q8WgArgs a) {
             float *dst = a.y + (size_t)token * a.N + row;
             *dst = a.accumulate ? *dst + v : v;
         }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Fused dequant-GEMV at M = 1 fed by the copy engine (sm_90a): y (N) = W x, W int8 (N, stride).
+//
+//   grid.x: blocks of a.tma_rows rows of each output in turn (pair mode: those rows of w1 and of
+//   w3, interleaved as the block's "physical" rows w1 r, w3 r, w1 r + 1, ...). 256 threads.
+//   A block walks its physical rows in tiles of kTmaRows rows x kTmaCols bytes: one bulk copy per
+//   row lands each tile in a ring of a.tma_stages tiles in shared memory, completing on the
+//   stage's mbarrier, so that ring's bytes (64 KB at 4 stages) are in flight per block without a
+//   register each, which the register-fed kernel above cannot reach (its bytes in flight are
+//   its registers: about 32 KB an SM, so a 4096-row layer takes several DRAM round trips a warp).
+//   The first tiles are asked for before griddepcontrol.wait: weights never depend on the kernel
+//   before.
+//   Thread i takes chunk i (16 bytes) of every row of a tile, so its 16 x values (from shared
+//   memory, staged once per block: x4[sub * chunks + c] holds x[16c + 4sub .. + 4], so that a
+//   warp's loads of one sub are consecutive) serve all kTmaRows rows. Its group scales are loaded
+//   a tile ahead (each block's scale rows asked of L2 at the start). A warp sum per row when a row
+//   tile is done, the 8 warps' sums added in the epilogue, which writes through store_rows.
+constexpr int kTmaRows = 4, kTmaCols = 4096, kTmaTile = kTmaRows * kTmaCols;   // 256 chunks a row
+constexpr int kTmaThreads = 256, kTmaWarps = kTmaThreads / 32;
+// Ring stages and blocks per SM, from a sweep on the H200 (bench/NOTES.md entry 21): 2 stages (32 KB
+// in flight a block) x 4 blocks an SM decoded the 7B fastest (284.9 tok/s; 4 x 2: 269.1, 2 x 2: 204.9).
+constexpr int kTmaStages = 2, kTmaBlocksPerSm = 4;
+static_assert(kTmaCols / 16 == kTmaThreads, "one chunk of each tile row per thread");
+
+// Shared memory of one block, in bytes: the ring, x, the stage barriers, the warps' row sums.
+__host__ __device__ inline size_t tma_smem_bytes(int stages, int stride, int phys_rows) {
+    return (size_t)stages * kTmaTile + (size_t)stride / 16 * 64 + 8 * stages + 4 * kTmaWarps * phys_rows;
+}
+
+struct TmaBlock {            // what one block reads: rows lrow0 .. lrow0 + lrows - 1 of output j
+    int j, lrow0, lrows, prows, col_tiles, tiles;
+};
+
+__device__ __forceinline__ const int8_t *tma_qrow(const Q8Args &a, const Q8Out &o, bool pair, int lrow0, int p) {
+    return pair ? a.out[p & 1].q + (size_t)(lrow0 + p / 2) * a.stride : o.q + (size_t)(lrow0 + p) * a.stride;
+}
+__device__ __forceinline__ const float *tma_srow(const Q8Args &a, const Q8Out &o, bool pair, int lrow0, int p) {
+    return pair ? a.out[p & 1].s + (size_t)(lrow0 + p / 2) * a.groups : o.s + (size_t)(lrow0 + p) * a.groups;
+}
+
+// Tile `tile` (row tile tile / col_tiles, column tile tile % col_tiles) into `stage`, by one thread.
+__device__ __forceinline__ void tma_issue(const Q8Args &a, const Q8Out &o, bool pair, const TmaBlock &b, uint32_t stage,
+                                          uint32_t bar, int tile) {
+    const int p0 = tile / b.col_tiles * kTmaRows, c0 = tile % b.col_tiles * kTmaCols;
+    const int rows = min(kTmaRows, b.prows - p0), len = min(kTmaCols, a.stride - c0);
+    mbar_arrive_expect(bar, rows * len);
+    for (int t = 0; t < rows; t++) bulk_copy_counted(stage + t * kTmaCols, tma_qrow(a, o, pair, b.lrow0, p0 + t) + c0, len, bar);
+}
+
+// This thread's group scales for tile `tile` (0 for rows past the block's and chunks past the row).
+__device__ __forceinline__ void tma_scales(float sc[kTmaRows], const Q8Args &a, const Q8Out &o, bool pair, const TmaBlock &b,
+                                           int tile) {
+    const int p0 = tile / b.col_tiles * kTmaRows, c = tile % b.col_tiles * kTmaThreads + threadIdx.x;
+#pragma unroll
+    for (int t = 0; t < kTmaRows; t++)
+        sc[t] = p0 + t < b.prows && c < a.stride / 16 ? __ldg(tma_srow(a, o, pair, b.lrow0, p0 + t) + (c >> a.group_shift)) : 0.0f;
+}
+
+// x (K floats, zero to the stride) into x4, times the norm weights when folded; returns this
+// block's 1 / rms (1 without a norm). Needs the previous kernel's output: after pdl_wait.
+template <bool kNorm>
+__device__ float tma_stage_x(float4 *x4, float *red, const Q8Args &a) {
+    const int chunks = a.stride / 16;
+    const bool vec_x = a.K % 4 == 0, vec_norm = kNorm && vec_x && (reinterpret_cast<uintptr_t>(a.norm_w) & 15) == 0;
+    float sumsq = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += kTmaThreads) {
+        float xv[16];
+        load_x16(xv, a.x, 16 * c, a.K, vec_x);
+        if (kNorm) {
+            float gv[16];
+            load_x16(gv, a.norm_w, 16 * c, a.K, vec_norm);
+#pragma unroll
+            for (int i = 0; i < 16; i++) sumsq = fmaf(xv[i], xv[i], sumsq), xv[i] *= gv[i];
+        }
+#pragma unroll
+        for (int sub = 0; sub < 4; sub++)
+            x4[sub * chunks + c] = make_float4(xv[4 * sub], xv[4 * sub + 1], xv[4 * sub + 2], xv[4 * sub + 3]);
+    }
+    // the same 1 / rms as rmsnorm_kernel's (and the CPU's)
+    return kNorm ? 1.0f / sqrtf(block_reduce<false>(sumsq, red) / a.K + 1e-5f) : 1.0f;
+}
+
+// One tile's chunks: acc[t] += scale * (row t's chunk . x's chunk), for this thread's chunk c.
+__device__ __forceinline__ void tma_tile_math(float acc[kTmaRows], const unsigned char *stage, const float4 *x4, int chunks,
+                                              int c, const float sc[kTmaRows], int rows) {
+    if (c >= chunks) return;
+    float xv[16];
+#pragma unroll
+    for (int sub = 0; sub < 4; sub++) {
+        const float4 v = x4[sub * chunks + c];
+        xv[4 * sub] = v.x, xv[4 * sub + 1] = v.y, xv[4 * sub + 2] = v.z, xv[4 * sub + 3] = v.w;
+    }
+#pragma unroll
+    for (int t = 0; t < kTmaRows; t++) {
+        if (t >= rows) break;
+        const int4 w = *reinterpret_cast<const int4 *>(stage + t * kTmaCols + 16 * threadIdx.x);
+        acc[t] = fmaf(sc[t], dot16(w, xv), acc[t]);
+    }
+}
+
+template <bool kPair, bool kNorm>
+__global__ void __launch_bounds__(kTmaThreads) q8_gemv_tma_kernel(const Q8Args a) {
+    extern __shared__ __align__(128) unsigned char tma_smem[];
+    __shared__ float red[32];
+    TmaBlock b;
+    b.j = kPair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2 : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
+    const Q8Out o = b.j == 0 ? a.out[0] : b.j == 1 ? a.out[1] : a.out[2];
+    b.lrow0 = (blockIdx.x - o.first_block) * a.tma_rows;
+    b.lrows = min(a.tma_rows, o.N - b.lrow0);
+    b.prows = kPair ? 2 * b.lrows : b.lrows;
+    b.col_tiles = (a.stride + kTmaCols - 1) / kTmaCols;
+    b.tiles = (b.prows + kTmaRows - 1) / kTmaRows * b.col_tiles;
+    const int S = a.tma_stages, chunks = a.stride / 16, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(tma_smem), bars = ring + S * kTmaTile + chunks * 64;
+    float4 *x4 = reinterpret_cast<float4 *>(tma_smem + S * kTmaTile);
+    float *sums = reinterpret_cast<float *>(tma_smem + S * kTmaTile + chunks * 64 + 8 * S);   // (warps, prows)
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) mbar_init(bars + 8 * s);
+        mbar_init_fence();
+        for (int i = 0; i < min(S, b.tiles); i++) tma_issue(a, o, kPair, b, ring + i * kTmaTile, bars + 8 * i, i);
+    }
+    for (int p = warp; p < b.prows; p += kTmaWarps)   // the block's scale rows towards L2
+        for (int g = 32 * lane; g < a.groups; g += 32 * 32) prefetch_l2(tma_srow(a, o, kPair, b.lrow0, p) + g);
+    pdl_wait();
+    pdl_release();
+    const float inv_rms = tma_stage_x<kNorm>(x4, red, a);
+    __syncthreads();   // x4 and the barriers' initialisation visible to all
+    float acc[kTmaRows] = {}, sc[kTmaRows], sc_next[kTmaRows];
+    tma_scales(sc_next, a, o, kPair, b, 0);
+    for (int i = 0; i < b.tiles; i++) {
+        const int slot = i % S, rt = i / b.col_tiles, ct = i % b.col_tiles;
+#pragma unroll
+        for (int t = 0; t < kTmaRows; t++) sc[t] = sc_next[t];
+        if (i + 1 < b.tiles) tma_scales(sc_next, a, o, kPair, b, i + 1);
+        mbar_wait(bars + 8 * slot, (i / S) & 1);
+        tma_tile_math(acc, tma_smem + slot * kTmaTile, x4, chunks, ct * kTmaThreads + threadIdx.x, sc,
+                      min(kTmaRows, b.prows - rt * kTmaRows));
+        if (ct == b.col_tiles - 1) {   // row tile done: this warp's sums of its rows
+#pragma unroll
+            for (int t = 0; t < kTmaRows; t++) {
+                const float v = warp_sum(acc[t]);
+                if (lane == 0 && rt * kTmaRows + t < b.prows) sums[warp * b.prows + rt * kTmaRows + t] = v;
+                acc[t] = 0.0f;
+            }
+        }
+        __syncthreads();   // every thread is done with the stage (and, last time, sums is complete)
+        if (threadIdx.x == 0 && i + S < b.tiles) tma_issue(a, o, kPair, b, ring + slot * kTmaTile, bars + 8 * slot, i + S);
+    }
+    // Epilogue: thread i finishes rows 2i and 2i + 1 of the block (whole RoPE pairs).
+    for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * kTmaThreads) {
+        float v[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float s0 = 0.0f, s1 = 0.0f;
+            const int p = kPair ? 2 * (l + r) : l + r;
+            if (l + r < b.lrows)
+                for (int w = 0; w < kTmaWarps; w++) s0 += sums[w * b.prows + p], s1 += kPair ? sums[w * b.prows + p + 1] : 0.0f;
+            v[r] = s0 * inv_rms;
+            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * (s1 * inv_rms);   // silu(w1 x) * (w3 x)
+        }
+        store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v);
     }
 }
 
@@ -1105,6 +1293,14 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     g->pdl = 1;
     g->prefetch_bytes = getenv("RUN_PREFETCH_BYTES") ? atoi(getenv("RUN_PREFETCH_BYTES")) : kPrefetchBytes;
     g->late_release = getenv("RUN_PDL_LATE") && atoi(getenv("RUN_PDL_LATE"));
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev));
+    const char *stages = getenv("RUN_GEMV_STAGES");
+    g->gemv_stages = stages && atoi(stages) >= 2 && atoi(stages) <= 8 ? atoi(stages) : kTmaStages;
+    const char *blocks = getenv("RUN_GEMV_BLOCKS");
+    g->gemv_blocks = blocks && atoi(blocks) >= 1 && atoi(blocks) <= 8 ? atoi(blocks) : kTmaBlocksPerSm;
+    gpu_set_gemv_tma(g, 1);
     return g;
 }
 
@@ -1253,8 +1449,65 @@ static Q8Args q8_args(const float *x, int M, int n, const Mat *const *w, float *
     return a;
 }
 
+// Blocks of q8_gemv_tma_kernel an SM holds with `smem` bytes each (cached: asked once per size).
+template <bool kPair, bool kNorm>
+static int tma_blocks_per_sm(size_t smem) {
+    static size_t cached_smem = 0;
+    static int cached = 0;
+    if (smem != cached_smem) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached, q8_gemv_tma_kernel<kPair, kNorm>, kTmaThreads, smem));
+        cached_smem = smem;
+    }
+    return cached;
+}
+
+// The copy-engine GEMV where it applies (M = 1, group size 16 x 2^n, compute capability 9.0, x
+// and the ring within the shared memory a block may have); false: the caller launches another.
+// Rows per block: even (RoPE pairs), so that the blocks fill the GPU once.
+template <bool kPair, bool kNorm>
+static bool launch_q8_tma_norm(GpuCtx *g, Q8Args a) {
+    if (!g->gemv_tma || a.M != 1 || a.group_shift < 0 || a.stride % 16) return false;
+    int rows = 0;
+    for (int j = 0; j < (kPair ? 2 : a.n_out); j++) {
+        if (reinterpret_cast<uintptr_t>(a.out[j].q) % 16) return false;
+        rows = kPair ? a.out[0].N : rows + a.out[j].N;
+    }
+    const int S = g->gemv_stages, rows_per_phys = kPair ? 2 : 1;
+    int per_sm = g->gemv_blocks;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        a.tma_rows = round_up(ceil_div_i(rows, (long long)g->sms * per_sm), 2);
+        const size_t smem = tma_smem_bytes(S, a.stride, rows_per_phys * a.tma_rows);
+        if (smem > kMaxSmem) return false;
+        const int fit = tma_blocks_per_sm<kPair, kNorm>(smem);
+        if (fit < 1) return false;
+        if (fit >= per_sm || attempt == 1) break;
+        per_sm = fit;
+    }
+    a.tma_stages = S;
+    const size_t smem = tma_smem_bytes(S, a.stride, rows_per_phys * a.tma_rows);
+    launch(g, "q8_gemv_tma_kernel", q8_gemv_tma_kernel<kPair, kNorm>, dim3(assign_blocks(&a, a.tma_rows, kPair)),
+           dim3(kTmaThreads), smem, a);
+    return true;
+}
+template <bool kPair>
+static bool launch_q8_tma(GpuCtx *g, const Q8Args &a) {
+    return a.norm_w ? launch_q8_tma_norm<kPair, true>(g, a) : launch_q8_tma_norm<kPair, false>(g, a);
+}
+
+extern "C" int gpu_set_gemv_tma(GpuCtx *g, int on) {
+    g->gemv_tma = on && wgmma_available();
+    if (g->gemv_tma) {
+        CUDA_CHECK(cudaFuncSetAttribute(q8_gemv_tma_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+        CUDA_CHECK(cudaFuncSetAttribute(q8_gemv_tma_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+        CUDA_CHECK(cudaFuncSetAttribute(q8_gemv_tma_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+        CUDA_CHECK(cudaFuncSetAttribute(q8_gemv_tma_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    }
+    return g->gemv_tma;
+}
+
 template <bool kPair>
 static void launch_q8_any(GpuCtx *g, const Q8Args &a) {
+    if (launch_q8_tma<kPair>(g, a)) return;
     if (a.group_shift >= 0) launch_q8_tokens<true, kPair>(g, a);
     else launch_q8_tokens<false, kPair>(g, a);
 }
@@ -1267,6 +1520,7 @@ extern "C" void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, in
                                          const float *norm_w) {
     Q8Args a = q8_args(x, M, 1, &w, &y, accumulate);
     a.norm_w = norm_w;
+    if (launch_q8_tma<false>(g, a)) return;
     if (M == 1 && a.group_shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
     else launch_q8_any<false>(g, a);
 }

@@ -78,6 +78,10 @@ void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat
 // The FP16 baseline: W (N, K) dense FP16 resident in device memory, cuBLAS GEMM, FP32 output.
 void gpu_matmul_f16(GpuCtx *g, float *y, const float *x, int M, const void *W, int N, int K, int accumulate);
 void gpu_to_half(GpuCtx *g, void *dst, const Mat *w);   // dst (rows, cols) FP16 = W
+// At M = 1 on compute capability 9.0 the fused products above run a GEMV fed by the copy engine
+// (bulk copies into a ring in shared memory) where it applies: on (gpu_create's default) or off
+// (the register-fed kernel everywhere, as on other GPUs). Returns whether it is now used.
+int gpu_set_gemv_tma(GpuCtx *g, int on);
 // Tuning only (bench/kernel_bench): the M = 1 fused kernel with rows per warp in {1, 2, 4} and
 // 16-byte chunks in flight per row in {2, 4, 8}; -1 if that combination is not built.
 int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks);

@@ -439,12 +439,19 @@ typedef struct {
     int tensor_cores;   // batches of more than TC_MIN_TOKENS tokens on the tensor-core kernel
     int n_seqs;         // KV caches for this many sequences (--batch; 0 = 1)
     int context;        // their length (0 = the model's seq_len)
+    int tma_gemv;       // decode GEMVs fed by the copy engine (where the GPU has it): 1, 0, or TMA_AUTO
 } GpuOptions;
 // Measured on the H200 (bench/NOTES.md): PDL speeds up small models' decode, whose kernels are
-// short (stories15m +25%), and slows the 7B's (-7%), whose GEMVs are long; AUTO takes it for
-// models under PDL_AUTO_BYTES of weights per token.
+// short (stories15m +25%), and slows the 7B's with the register-fed GEMV (-7%); AUTO takes it for
+// models under PDL_AUTO_BYTES of weights per token, and wherever the copy-engine GEMV runs.
 #define PDL_AUTO -1
 #define PDL_AUTO_BYTES 1000000000.0
+// The copy-engine GEMV (with PDL) decodes the 7B shape 12% faster than the register-fed one
+// (284.9 against 254.2 tok/s), and the smaller models slower (TinyLlama, 1.07 GB of weights per
+// token: 808 against 845; stories110m 2231 against 3140): their layers are too short for its
+// set-up. AUTO takes it from TMA_AUTO_BYTES of weights per token, between the two measured sizes.
+#define TMA_AUTO -1
+#define TMA_AUTO_BYTES 4000000000.0
 #define GPU_UNAVAILABLE -1   // gpu_exec_init: no usable GPU; the caller may use the CPU
 #define GPU_TOO_SMALL -2     // the model does not fit; an error
 
@@ -780,11 +787,13 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
                  total_b / 1073741824.0);
         return GPU_TOO_SMALL;
     }
-    if (opt.pdl == PDL_AUTO) opt.pdl = weight_bytes_per_token(m, opt.path == PATH_FP16) < PDL_AUTO_BYTES;
+    const double weight_bytes = weight_bytes_per_token(m, opt.path == PATH_FP16);
     GpuExec *g = xcalloc(1, sizeof(GpuExec));
     g->model = m;
-    g->opt = opt;
     g->ctx = gpu_create(scratch, half_in);
+    opt.tma_gemv = gpu_set_gemv_tma(g->ctx, opt.tma_gemv == TMA_AUTO ? weight_bytes >= TMA_AUTO_BYTES : opt.tma_gemv);
+    if (opt.pdl == PDL_AUTO) opt.pdl = weight_bytes < PDL_AUTO_BYTES || opt.tma_gemv;
+    g->opt = opt;
     gpu_set_pdl(g->ctx, opt.pdl);
     g->no_norm_fold = getenv("RUN_NO_NORM_FOLD") && !strcmp(getenv("RUN_NO_NORM_FOLD"), "1");
     g->d_map = gpu_alloc(m->map_bytes);
@@ -800,8 +809,9 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     memset(e, 0, sizeof *e);
     e->ops = opt.path == PATH_FP16 ? &gpu_fp16_ops : !m->quantized ? &gpu_fp32_ops
            : opt.path == PATH_UNFUSED ? &gpu_unfused_ops : &gpu_fused_ops;
-    snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache", e->ops->name, opt.use_graph ? "CUDA graph" : "no graph",
-             opt.pdl ? "PDL" : "no PDL", 8 * kv_bytes);
+    snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache%s", e->ops->name, opt.use_graph ? "CUDA graph" : "no graph",
+             opt.pdl ? "PDL" : "no PDL", 8 * kv_bytes,
+             opt.tma_gemv && e->ops == &gpu_fused_ops ? ", copy-engine GEMV" : "");
     e->cfg = *p;
     e->kv_bytes = kv_bytes;
     e->n_seqs = n_seqs;
@@ -1365,7 +1375,7 @@ static int parse_float(const char *flag, const char *s, float lo, float hi, floa
 
 // 0, or -1 (a bad value: the reason in err) or CLI_USAGE (err says what was not understood).
 static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
-    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, 1, {PATH_FUSED, 1, 1, PDL_AUTO, 1, 0, 0}};
+    *a = (CliArgs){NULL, "", NULL, NULL, "gpu", 1.0f, 0.9f, 256, 0, 1, {PATH_FUSED, 1, 1, PDL_AUTO, 1, 0, 0, TMA_AUTO}};
     if (argc < 2 || argv[1][0] == '-') {
         snprintf(err, ERR_LEN, "the first argument must be the checkpoint");
         return CLI_USAGE;
@@ -1380,6 +1390,8 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         if (!strcmp(f, "--kv-fp32")) { a->gpu.kv_half = 0; continue; }
         if (!strcmp(f, "--no-pdl")) { a->gpu.pdl = 0; continue; }
         if (!strcmp(f, "--pdl")) { a->gpu.pdl = 1; continue; }
+        if (!strcmp(f, "--tma-gemv")) { a->gpu.tma_gemv = 1; continue; }
+        if (!strcmp(f, "--no-tma-gemv")) { a->gpu.tma_gemv = 0; continue; }
         if (!strcmp(f, "--no-tc")) { a->gpu.tensor_cores = 0; continue; }
         if (!v) {
             snprintf(err, ERR_LEN, "option \"%.100s\" is unknown or lacks its value", f);
@@ -1433,7 +1445,10 @@ static void usage(const char *why) {
             "  --no-graph       GPU: launch every kernel from the host instead of replaying a CUDA graph\n"
             "  --no-tc          GPU: prefill batches on the SIMT kernel instead of the tensor cores\n"
             "  --pdl, --no-pdl  GPU: programmatic dependent launch (a kernel starts while the last drains)\n"
-            "                   on or off (default: on for models under 1 GB of weights per token)\n"
+            "                   on or off (default: on for models under 1 GB of weights per token, and with\n"
+            "                   the copy-engine GEMV)\n"
+            "  --tma-gemv, --no-tma-gemv  GPU: decode GEMVs fed by the copy engine (H100/H200) on or off\n"
+            "                   (default: on for models of 4 GB of weights per token and more)\n"
             "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n",
             why);
     exit(1);

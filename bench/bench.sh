@@ -40,6 +40,7 @@ p5="Once upon a time"
 q8=$(synth llama2-7b)
 row "7b int8 fused (graph, PDL, FP16 KV)" "$q8" 261 "$p5" ""
 row "7b int8 fused, no PDL" "$q8" 261 "$p5" "--no-pdl"
+row "7b int8 fused, register-fed GEMV, no PDL" "$q8" 261 "$p5" "--no-tma-gemv --no-pdl"
 row "7b int8 fused, no CUDA graph" "$q8" 261 "$p5" "--no-graph"
 row "7b int8 fused, FP32 KV cache" "$q8" 261 "$p5" "--kv-fp32"
 row "7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "$p5" "--unfused"

@@ -334,9 +334,10 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("%s, %d SMs; M = 1, group size %d; median of 15 x 40 launches, weights rotated past L2\n", prop.name,
            prop.multiProcessorCount, gs);
+    printf("fused: the copy-engine GEMV where the GPU has it; reg-fed: the register-fed GEMV, launched plainly\n");
     printf("%-12s %9s | %8s %7s | %8s %7s | %8s %7s | %6s | %8s %7s | %8s | %8s | %s\n", "N x K", "MB int8", "fused us",
            "GB/s", "+PDL us", "GB/s", "read us", "GB/s", "f/read", "fp16 us", "GB/s", "fp32 us", "unfus us",
-           "fp16/fused, fp16/+PDL");
+           "fp16/fused, fp16/+PDL | reg-fed us");
     for (auto &sh : shapes) {
         Case k;
         k.N = sh[0], k.K = sh[1], k.sms = prop.multiProcessorCount;
@@ -377,6 +378,10 @@ int main(int argc, char **argv) {
         double fused_pdl = time_us(run_fused, &k, copies8, gst);
         double rd = time_us(run_read, &k, copies8, k.stream), f32 = time_us(run_fp32, &k, copies32, gst);
         double f16 = time_us(run_fp16, &k, copies16, k.stream);
+        gpu_set_pdl(k.g, 0);
+        const int tma = gpu_set_gemv_tma(k.g, 0);   // the register-fed GEMV (the fused kernel off sm_90a)
+        double regfed = time_us(run_fused, &k, copies8, gst);
+        gpu_set_gemv_tma(k.g, tma);
         double fused_bytes = q_bytes + s_bytes + k.K * 4.0 + k.N * 4.0;
         if (getenv("SWEEP")) {   // rows per warp x chunks in flight, microseconds
             printf("  sweep %5dx%-6d:", k.N, k.K);
@@ -387,9 +392,10 @@ int main(int argc, char **argv) {
                 }
             printf("\n");
         }
-        printf("%5dx%-6d %9.1f | %8.1f %7.0f | %8.1f %7.0f | %8.1f %7.0f | %6.2f | %8.1f %7.0f | %8.1f | %8.1f | %.2fx %.2fx\n",
+        printf("%5dx%-6d %9.1f | %8.1f %7.0f | %8.1f %7.0f | %8.1f %7.0f | %6.2f | %8.1f %7.0f | %8.1f | %8.1f | %.2fx %.2fx | %8.1f\n",
                k.N, k.K, q_bytes / 1e6, fused, fused_bytes / fused / 1e3, fused_pdl, fused_bytes / fused_pdl / 1e3, rd,
-               (q_bytes + s_bytes) / rd / 1e3, fused / rd, f16, n * 2.0 / f16 / 1e3, f32, unfused, f16 / fused, f16 / fused_pdl);
+               (q_bytes + s_bytes) / rd / 1e3, fused / rd, f16, n * 2.0 / f16 / 1e3, f32, unfused, f16 / fused, f16 / fused_pdl,
+               regfed);
         for (auto &m : k.q8) CK(cudaFree((void *)m.q));
         for (auto p : k.f32) CK(cudaFree(p));
         for (auto p : k.f16) CK(cudaFree(p));

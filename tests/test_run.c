@@ -926,7 +926,7 @@ static void test_gpu_linear(void) {
             int K = Ks[ki], gs = gss[gi];
             char what[200] = "", name[160];
             const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL, *fail_wg = NULL;
-            const char *fail_norm = NULL;
+            const char *fail_norm = NULL, *fail_regfed = NULL;
             int mma = 0;
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
                 int N = Ns[ni];
@@ -963,6 +963,14 @@ static void test_gpu_linear(void) {
                         const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : path == 2 ? &fail_mma : &fail_wg;
                         if (!*slot) *slot = check_ref(y, ref, mag, M, N, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
                     }
+                    if (M == 1) {   // the register-fed GEMV, which the copy-engine one replaces where it applies
+                        const int tma = gpu_set_gemv_tma(gctx, 0);
+                        dev_poison(dy, N);
+                        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d, 0);
+                        gpu_download(gctx, y, dy, N * sizeof(float));
+                        if (!fail_regfed) fail_regfed = check_ref(y, ref, mag, 1, N, 1e-5, what);
+                        gpu_set_gemv_tma(gctx, tma);
+                    }
                     // accumulate: y0 + x W^T, from a random y0
                     float *y0 = talloc((size_t)M * N * sizeof(float));
                     for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = nrand();
@@ -985,8 +993,11 @@ static void test_gpu_linear(void) {
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
                 arena_free();
             }
-            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64", K, gs, quick ? 33 : K > 4096 ? 257 : 512);
+            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64%s", K, gs, quick ? 33 : K > 4096 ? 257 : 512,
+                     gpu_set_gemv_tma(gctx, 1) && gs % 16 == 0 && (gs & (gs - 1)) == 0 ? " (M = 1: the copy-engine GEMV)" : "");
             check(!fail_fused, name, "%s", fail_fused);
+            snprintf(name, sizeof name, "gpu register-fed q8 GEMV (M = 1) K=%d gs=%d, N 1/37/130, vs float64", K, gs);
+            check(!fail_regfed, name, "%s", fail_regfed);
             snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
             check(!fail_acc, name, "%s", fail_acc);
             snprintf(name, sizeof name, "gpu fused q8 matmul with the RMSNorm folded in (y = (rmsnorm(x) g) W^T) K=%d gs=%d", K, gs);
@@ -1003,8 +1014,10 @@ static void test_gpu_linear(void) {
         }
     // layer-sized shapes at M = 1
     int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
-    for (int b = 0; b < 4; b++) {
-        int N = big[b][0], K = big[b][1];
+    for (int b = 0; b < 8; b++) {   // the copy-engine GEMV (where available), then the register-fed one
+        const int tma = gpu_set_gemv_tma(gctx, b < 4);
+        if (b < 4 && !tma) continue;
+        int N = big[b % 4][0], K = big[b % 4][1];
         Mat h = random_mat(N, K, 1, 128, 1.0f / sqrtf(K)), d = h;
         d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
         float *x = talloc(K * sizeof(float)), *y = talloc(N * sizeof(float));
@@ -1015,11 +1028,12 @@ static void test_gpu_linear(void) {
         gpu_download(gctx, y, dy, N * sizeof(float));
         char what[200], name[128];
         const char *f = check_linear(y, &h, x, 1, what);
-        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64", N, K);
+        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64 (%s)", N, K, tma ? "copy-engine" : "register-fed");
         check(!f, name, "%s", f);
         gpu_free(dx), gpu_free(dy), gpu_free((void *)d.q), gpu_free((void *)d.s);
         arena_free();
     }
+    gpu_set_gemv_tma(gctx, 1);
 }
 
 // A random model written as llama2.c v1 FP32, its Q8LM quantization (gs), and optionally the
@@ -1051,14 +1065,17 @@ typedef struct {
     int int8_only;     // the --unfused path exists for INT8 weights only
 } GpuRun;
 static const GpuRun gpu_runs[] = {
-    {"graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0}, 1e-4, -1, 0},
-    {"no graph", {PATH_FUSED, 0, 0, 1, 0, 0, 0}, 1e-4, 0, 0},
-    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0, 0, 0}, 1e-4, 0, 0},
-    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0, 0, 0}, 1e-4, -1, 1},
-    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, 0, 0}, 1e-4, 3, 1},
-    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0, 0, 0}, 3e-3, -1, 0},
-    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1, 0, 0}, 3e-3, -1, 0},
-    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0, 0, 0}, 1e-2, -1, 0},
+    {"graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0, 0}, 1e-4, -1, 0},
+    {"no graph", {PATH_FUSED, 0, 0, 1, 0, 0, 0, 0}, 1e-4, 0, 0},
+    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0, 0, 0, 0}, 1e-4, 0, 0},
+    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0, 0, 0, 0}, 1e-4, -1, 1},
+    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, 0, 0, 0}, 1e-4, 3, 1},
+    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0, 0, 0, 0}, 3e-3, -1, 0},
+    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1, 0, 0, 0}, 3e-3, -1, 0},
+    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0, 0, 0, 0}, 1e-2, -1, 0},
+    // where the GPU has no copy engine for it, these run the register-fed GEMV again
+    {"copy-engine GEMV, graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0, 1}, 1e-4, -1, 0},
+    {"copy-engine GEMV, no graph, no PDL", {PATH_FUSED, 0, 0, 0, 0, 0, 0, 1}, 1e-4, 8, 0},
 };
 
 // Both executors over one file: logits of every position (batched prefill of `first`, then one by
@@ -1136,9 +1153,9 @@ static void test_gpu_batch(void) {
     float *ref = batch_logits(&cpu, prompt, n, tok, B, steps);
     cpu.ops->release(&cpu);
     const GpuRun runs[] = {
-        {"batch, FP32 KV, SIMT", {PATH_FUSED, 1, 0, 1, 0, B, context}, 1e-4, -1, 0},
-        {"batch, unfused", {PATH_UNFUSED, 1, 0, 1, 0, B, context}, 1e-4, -1, 0},
-        {"batch, FP16 KV, tensor cores", {PATH_FUSED, 1, 1, 1, 1, B, context}, 3e-3, -1, 0},
+        {"batch, FP32 KV, SIMT", {PATH_FUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
+        {"batch, unfused", {PATH_UNFUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
+        {"batch, FP16 KV, tensor cores", {PATH_FUSED, 1, 1, 1, 1, B, context, 0}, 3e-3, -1, 0},
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         Exec g;
@@ -1233,7 +1250,7 @@ static void test_gpu_too_small(void) {
         return;
     }
     Exec e;
-    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1, 0, 0};
+    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1, 0, 0, 0};
     int rc = gpu_exec_init(&e, &m, opt, err);
     check(rc == GPU_TOO_SMALL && strstr(err, "GiB"), "gpu: a 176 GB checkpoint is refused (larger than GPU memory)",
           "rc %d: %s", rc, err);
