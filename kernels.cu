@@ -259,6 +259,30 @@ __device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &
     }
 }
 
+// Which of a launch's outputs block blockIdx.x computes (pair mode: always 0, w1 and w3 together).
+__device__ __forceinline__ int output_of_block(const Q8Args &a, bool pair) {
+    return pair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2 : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
+}
+
+// 1 / rms of n values whose squares sum to sumsq: rmsnorm_kernel's factor (and the CPU's).
+__device__ __forceinline__ float inv_rms_of(float sumsq, int n) { return 1.0f / sqrtf(sumsq / n + 1e-5f); }
+
+// The folded RMSNorm on 16 x values from column k on: their squares added to sumsq, then x times
+// the norm weights (the 1 / rms comes later, on the finished sums).
+__device__ __forceinline__ void norm_x16(float xv[16], float &sumsq, const float *norm_w, int k, int K, bool vec_norm) {
+    float gv[16];
+    load_x16(gv, norm_w, k, K, vec_norm);
+#pragma unroll
+    for (int j = 0; j < 16; j++) sumsq = fmaf(xv[j], xv[j], sumsq), xv[j] *= gv[j];
+}
+
+// An output from its row sum(s) over the un-normalised input: times 1 / rms; in pair mode
+// silu(w1 x) * (w3 x) from w1's sum and w3's.
+__device__ __forceinline__ float finish_output(float sum, float sum3, float inv_rms, bool pair) {
+    const float v = sum * inv_rms;
+    return pair ? v * (1.0f / (1.0f + expf(-v))) * (sum3 * inv_rms) : v;
+}
+
 // Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
 //
 //   grid.x: blocks of kWarps * R rows (of each output in turn);  grid.y: groups of MT tokens
@@ -276,8 +300,7 @@ __device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &
 //   M = 1 kernel 35 registers.)
 template <int R, int kUnroll, int MT, bool kShiftGroups, bool kPair, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) {
-    const int j = kPair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2
-                            : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
+    const int j = output_of_block(a, kPair);
     const Q8Out o = j == 0 ? a.out[0] : j == 1 ? a.out[1] : a.out[2];
     constexpr int RR = kPair ? 2 * R : R;   // rows a warp reads
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -335,12 +358,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
                 if (m0 + t >= a.M) break;
                 float xv[16];
                 load_x16(xv, a.x + (size_t)(m0 + t) * K, 16 * c, K, vec_x);
-                if (kNorm) {
-                    float gv[16];
-                    load_x16(gv, a.norm_w, 16 * c, K, vec_norm);
-#pragma unroll
-                    for (int j = 0; j < 16; j++) sumsq[t] = fmaf(xv[j], xv[j], sumsq[t]), xv[j] *= gv[j];
-                }
+                if (kNorm) norm_x16(xv, sumsq[t], a.norm_w, 16 * c, K, vec_norm);
 #pragma unroll
                 for (int r = 0; r < RR; r++) {
                     if (kShiftGroups) acc[t][r] = fmaf(scale[u][r], dot16(w[u][r], xv), acc[t][r]);
@@ -352,14 +370,11 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     if (a.late_release) pdl_release();
 #pragma unroll
     for (int t = 0; t < MT; t++) {
-        // the same 1 / rms as rmsnorm_kernel's (and the CPU's)
-        const float inv_rms = kNorm ? 1.0f / sqrtf(warp_sum(sumsq[t]) / K + 1e-5f) : 1.0f;
+        const float inv_rms = kNorm ? inv_rms_of(warp_sum(sumsq[t]), K) : 1.0f;
         float v[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            v[r] = warp_sum(acc[t][r]) * inv_rms;
-            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * (warp_sum(acc[t][r + R]) * inv_rms);   // silu(w1 x) * (w3 x)
-        }
+        for (int r = 0; r < R; r++)   // pair mode: w3's sums follow w1's (RR - R + r is r + R then, and in bounds always)
+            v[r] = finish_output(warp_sum(acc[t][r]), kPair ? warp_sum(acc[t][RR - R + r]) : 0.0f, inv_rms, kPair);
         if (lane == 0 && m0 + t < a.M) store_rows<R>(a, j, o, row0, m0 + t, v);
     }
 }
@@ -851,18 +866,12 @@ __device__ float tma_stage_x(float4 *x4, float *red, const Q8Args &a) {
     for (int c = threadIdx.x; c < chunks; c += kTmaThreads) {
         float xv[16];
         load_x16(xv, a.x, 16 * c, a.K, vec_x);
-        if (kNorm) {
-            float gv[16];
-            load_x16(gv, a.norm_w, 16 * c, a.K, vec_norm);
-#pragma unroll
-            for (int i = 0; i < 16; i++) sumsq = fmaf(xv[i], xv[i], sumsq), xv[i] *= gv[i];
-        }
+        if (kNorm) norm_x16(xv, sumsq, a.norm_w, 16 * c, a.K, vec_norm);
 #pragma unroll
         for (int sub = 0; sub < 4; sub++)
             x4[sub * chunks + c] = make_float4(xv[4 * sub], xv[4 * sub + 1], xv[4 * sub + 2], xv[4 * sub + 3]);
     }
-    // the same 1 / rms as rmsnorm_kernel's (and the CPU's)
-    return kNorm ? 1.0f / sqrtf(block_reduce<false>(sumsq, red) / a.K + 1e-5f) : 1.0f;
+    return kNorm ? inv_rms_of(block_reduce<false>(sumsq, red), a.K) : 1.0f;
 }
 
 // One tile's chunks: acc[t] += scale * (row t's chunk . x's chunk), for this thread's chunk c.
@@ -888,7 +897,7 @@ __global__ void __launch_bounds__(kTmaThreads) q8_gemv_tma_kernel(const Q8Args a
     extern __shared__ __align__(128) unsigned char tma_smem[];
     __shared__ float red[32];
     TmaBlock b;
-    b.j = kPair ? 0 : (a.n_out > 2 && blockIdx.x >= a.out[2].first_block) ? 2 : (a.n_out > 1 && blockIdx.x >= a.out[1].first_block) ? 1 : 0;
+    b.j = output_of_block(a, kPair);
     const Q8Out o = b.j == 0 ? a.out[0] : b.j == 1 ? a.out[1] : a.out[2];
     b.lrow0 = (blockIdx.x - o.first_block) * a.tma_rows;
     b.lrows = min(a.tma_rows, o.N - b.lrow0);
@@ -940,8 +949,7 @@ __global__ void __launch_bounds__(kTmaThreads) q8_gemv_tma_kernel(const Q8Args a
             const int p = kPair ? 2 * (l + r) : l + r;
             if (l + r < b.lrows)
                 for (int w = 0; w < kTmaWarps; w++) s0 += sums[w * b.prows + p], s1 += kPair ? sums[w * b.prows + p + 1] : 0.0f;
-            v[r] = s0 * inv_rms;
-            if (kPair) v[r] = v[r] * (1.0f / (1.0f + expf(-v[r]))) * (s1 * inv_rms);   // silu(w1 x) * (w3 x)
+            v[r] = finish_output(s0, s1, inv_rms, kPair);
         }
         store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v);
     }
@@ -987,7 +995,7 @@ __global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict_
     float ss = 0.0f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
     ss = block_reduce<false>(ss, red);
-    const float scale = 1.0f / sqrtf(ss / n + 1e-5f);
+    const float scale = inv_rms_of(ss, n);
     for (int j = threadIdx.x; j < n; j += blockDim.x) out[(size_t)blockIdx.x * n + j] = w[j] * (scale * x[j]);
 }
 
@@ -1467,24 +1475,22 @@ static int tma_blocks_per_sm(size_t smem) {
 template <bool kPair, bool kNorm>
 static bool launch_q8_tma_norm(GpuCtx *g, Q8Args a) {
     if (!g->gemv_tma || a.M != 1 || a.group_shift < 0 || a.stride % 16) return false;
-    int rows = 0;
-    for (int j = 0; j < (kPair ? 2 : a.n_out); j++) {
+    for (int j = 0; j < (kPair ? 2 : a.n_out); j++)
         if (reinterpret_cast<uintptr_t>(a.out[j].q) % 16) return false;
-        rows = kPair ? a.out[0].N : rows + a.out[j].N;
+    int rows = a.out[0].N;   // of all outputs; pair mode: w1's, each read together with w3's
+    for (int j = 1; j < (kPair ? 1 : a.n_out); j++) rows += a.out[j].N;
+    const int phys_per_row = kPair ? 2 : 1;
+    a.tma_stages = g->gemv_stages;
+    // gemv_blocks blocks an SM; fewer where their shared memory does not let that many fit
+    a.tma_rows = round_up(ceil_div_i(rows, (long long)g->sms * g->gemv_blocks), 2);
+    size_t smem = tma_smem_bytes(a.tma_stages, a.stride, phys_per_row * a.tma_rows);
+    const int fit = smem <= kMaxSmem ? tma_blocks_per_sm<kPair, kNorm>(smem) : 0;
+    if (fit < 1) return false;
+    if (fit < g->gemv_blocks) {
+        a.tma_rows = round_up(ceil_div_i(rows, (long long)g->sms * fit), 2);
+        smem = tma_smem_bytes(a.tma_stages, a.stride, phys_per_row * a.tma_rows);
+        if (smem > kMaxSmem || tma_blocks_per_sm<kPair, kNorm>(smem) < 1) return false;
     }
-    const int S = g->gemv_stages, rows_per_phys = kPair ? 2 : 1;
-    int per_sm = g->gemv_blocks;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        a.tma_rows = round_up(ceil_div_i(rows, (long long)g->sms * per_sm), 2);
-        const size_t smem = tma_smem_bytes(S, a.stride, rows_per_phys * a.tma_rows);
-        if (smem > kMaxSmem) return false;
-        const int fit = tma_blocks_per_sm<kPair, kNorm>(smem);
-        if (fit < 1) return false;
-        if (fit >= per_sm || attempt == 1) break;
-        per_sm = fit;
-    }
-    a.tma_stages = S;
-    const size_t smem = tma_smem_bytes(S, a.stride, rows_per_phys * a.tma_rows);
     launch(g, "q8_gemv_tma_kernel", q8_gemv_tma_kernel<kPair, kNorm>, dim3(assign_blocks(&a, a.tma_rows, kPair)),
            dim3(kTmaThreads), smem, a);
     return true;
@@ -1505,11 +1511,16 @@ extern "C" int gpu_set_gemv_tma(GpuCtx *g, int on) {
     return g->gemv_tma;
 }
 
+// The register-fed kernel (any GPU, any M, any group size).
 template <bool kPair>
-static void launch_q8_any(GpuCtx *g, const Q8Args &a) {
-    if (launch_q8_tma<kPair>(g, a)) return;
+static void launch_q8_simt(GpuCtx *g, const Q8Args &a) {
     if (a.group_shift >= 0) launch_q8_tokens<true, kPair>(g, a);
     else launch_q8_tokens<false, kPair>(g, a);
+}
+
+template <bool kPair>
+static void launch_q8_any(GpuCtx *g, const Q8Args &a) {
+    if (!launch_q8_tma<kPair>(g, a)) launch_q8_simt<kPair>(g, a);
 }
 
 extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate) {
@@ -1522,7 +1533,7 @@ extern "C" void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, in
     a.norm_w = norm_w;
     if (launch_q8_tma<false>(g, a)) return;
     if (M == 1 && a.group_shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
-    else launch_q8_any<false>(g, a);
+    else launch_q8_simt<false>(g, a);
 }
 
 extern "C" void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk,
@@ -1610,11 +1621,9 @@ template <int kTiles, int kUnroll>
 static void launch_q8_mma(GpuCtx *g, const Q8MmaArgs &a) {
     static int resident = 0;   // per kernel instance
     if (!resident) {
-        int dev = 0, sms = 0, per_sm = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, q8_mma_kernel<kTiles, kUnroll>, kMmaWarps * 32, 0));
-        resident = sms * (per_sm > 0 ? per_sm : 1);
+        resident = g->sms * (per_sm > 0 ? per_sm : 1);
     }
     const int token_blocks = ceil_div_i(a.M, 8 * kTiles), row_blocks = ceil_div_i(a.N, 16);
     const int per_token_block = max(1, resident / token_blocks);
