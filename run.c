@@ -497,8 +497,6 @@ static Mat device_mat(const GpuExec *g, const Mat *m) {
     return d;
 }
 
-// Token ids and the position go to device memory; the decode step runs as a replayed graph,
-// whose last kernel is the greedy argmax (so that one int crosses to the host per token).
 // Runs the held-back RMSNorm, if any, as its own kernel.
 static void flush_norm(Exec *e) {
     GpuExec *g = GPU(e);
@@ -530,6 +528,8 @@ static const float *take_norm(Exec *e, const float **in, int M) {
     return w;
 }
 
+// Token ids and the position go to device memory; the decode step runs as a replayed graph,
+// whose last kernel is the greedy argmax (so that one int crosses to the host per token).
 static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, M, pos);
