@@ -916,6 +916,7 @@ static const char *check_norm_folded(const Mat *d, const Mat *h, const float *x,
 }
 
 static void test_gpu_linear(void) {
+    const int tma = gpu_set_gemv_tma(gctx, 1);   // M = 1 through the copy-engine GEMV, where this GPU has it
     // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
     // with K <= 4096 only (the FP16 x scratch)
     int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130};
@@ -964,7 +965,7 @@ static void test_gpu_linear(void) {
                         if (!*slot) *slot = check_ref(y, ref, mag, M, N, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
                     }
                     if (M == 1) {   // the register-fed GEMV, which the copy-engine one replaces where it applies
-                        const int tma = gpu_set_gemv_tma(gctx, 0);
+                        gpu_set_gemv_tma(gctx, 0);
                         dev_poison(dy, N);
                         gpu_matmul_q8_fused(gctx, dy, dx, 1, &d, 0);
                         gpu_download(gctx, y, dy, N * sizeof(float));
@@ -994,7 +995,7 @@ static void test_gpu_linear(void) {
                 arena_free();
             }
             snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64%s", K, gs, quick ? 33 : K > 4096 ? 257 : 512,
-                     gpu_set_gemv_tma(gctx, 1) && gs % 16 == 0 && (gs & (gs - 1)) == 0 ? " (M = 1: the copy-engine GEMV)" : "");
+                     tma && gs % 16 == 0 && (gs & (gs - 1)) == 0 ? " (M = 1: the copy-engine GEMV)" : "");
             check(!fail_fused, name, "%s", fail_fused);
             snprintf(name, sizeof name, "gpu register-fed q8 GEMV (M = 1) K=%d gs=%d, N 1/37/130, vs float64", K, gs);
             check(!fail_regfed, name, "%s", fail_regfed);
@@ -1015,8 +1016,8 @@ static void test_gpu_linear(void) {
     // layer-sized shapes at M = 1
     int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
     for (int b = 0; b < 8; b++) {   // the copy-engine GEMV (where available), then the register-fed one
-        const int tma = gpu_set_gemv_tma(gctx, b < 4);
-        if (b < 4 && !tma) continue;
+        const int on = gpu_set_gemv_tma(gctx, b < 4 && tma);
+        if (b < 4 && !on) continue;
         int N = big[b % 4][0], K = big[b % 4][1];
         Mat h = random_mat(N, K, 1, 128, 1.0f / sqrtf(K)), d = h;
         d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
@@ -1028,12 +1029,12 @@ static void test_gpu_linear(void) {
         gpu_download(gctx, y, dy, N * sizeof(float));
         char what[200], name[128];
         const char *f = check_linear(y, &h, x, 1, what);
-        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64 (%s)", N, K, tma ? "copy-engine" : "register-fed");
+        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64 (%s)", N, K, on ? "copy-engine" : "register-fed");
         check(!f, name, "%s", f);
         gpu_free(dx), gpu_free(dy), gpu_free((void *)d.q), gpu_free((void *)d.s);
         arena_free();
     }
-    gpu_set_gemv_tma(gctx, 1);
+    gpu_set_gemv_tma(gctx, tma);
 }
 
 // A random model written as llama2.c v1 FP32, its Q8LM quantization (gs), and optionally the
