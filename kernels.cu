@@ -1070,33 +1070,39 @@ __global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ 
     kv_store(vc + at, v[(size_t)m * kv_dim + i]), kv_store(vc + at + 1, v[(size_t)m * kv_dim + i + 1]);
 }
 
-// kElems consecutive cache elements as floats: 16 bytes (kElems = 16 / sizeof(KV), 16-byte
-// aligned) or a pair (kElems = 2).
-template <int kElems>
-__device__ __forceinline__ void kv_load(const float *p, float out[kElems]) {
-    if constexpr (kElems == 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4 *>(p));
-        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+// kElems consecutive cache elements as loaded: 16 bytes (kElems = 16 / sizeof(KV), 16-byte
+// aligned) or a pair (kElems = 2), kept as raw words until used (FP16 converted at the FMA, so
+// that a batch of rows in flight costs 4 registers a row, not 8).
+template <typename KV, int kElems>
+struct KvUnit {
+    static constexpr int kWords = kElems * (int)sizeof(KV) / 4;
+    static_assert(kWords == 1 || kWords == 2 || kWords == 4, "a unit is 4, 8 or 16 bytes");
+    uint32_t w[kWords];
+};
+template <typename KV, int kElems>
+__device__ __forceinline__ void kv_unit_load(KvUnit<KV, kElems> &u, const KV *p) {
+    if constexpr (KvUnit<KV, kElems>::kWords == 4) {
+        const uint4 r = __ldg(reinterpret_cast<const uint4 *>(p));
+        u.w[0] = r.x, u.w[1] = r.y, u.w[2] = r.z, u.w[3] = r.w;
+    } else if constexpr (KvUnit<KV, kElems>::kWords == 2) {
+        const uint2 r = __ldg(reinterpret_cast<const uint2 *>(p));
+        u.w[0] = r.x, u.w[1] = r.y;
     } else {
-        static_assert(kElems == 2, "FP32 units: 16 bytes or a pair");
-        const float2 v = __ldg(reinterpret_cast<const float2 *>(p));
-        out[0] = v.x, out[1] = v.y;
+        u.w[0] = __ldg(reinterpret_cast<const unsigned int *>(p));
     }
 }
-template <int kElems>
-__device__ __forceinline__ void kv_load(const __half *p, float out[kElems]) {
-    static_assert(kElems == 8 || kElems == 2, "FP16 units: 16 bytes or a pair");
-    if constexpr (kElems == 8) {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+// acc += a * unit, element by element.
+template <typename KV, int kElems>
+__device__ __forceinline__ void kv_unit_fma(float acc[kElems], float a, const KvUnit<KV, kElems> &u) {
+    if constexpr (sizeof(KV) == 4) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&words[j]));
-            out[2 * j] = v.x, out[2 * j + 1] = v.y;
-        }
+        for (int e = 0; e < kElems; e++) acc[e] = fmaf(a, __uint_as_float(u.w[e]), acc[e]);
     } else {
-        const float2 v = kv_load2(p);
-        out[0] = v.x, out[1] = v.y;
+#pragma unroll
+        for (int j = 0; j < kElems / 2; j++) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&u.w[j]));
+            acc[2 * j] = fmaf(a, v.x, acc[2 * j]), acc[2 * j + 1] = fmaf(a, v.y, acc[2 * j + 1]);
+        }
     }
 }
 
@@ -1117,19 +1123,16 @@ __device__ __forceinline__ int weighted_values(float *vacc, const float *att, co
 #pragma unroll
     for (int e = 0; e < kElems; e++) acc[e] = 0.0f;
     for (int t = t0 + g; t < t1; t += kAttnBatch * groups) {
-        float val[kAttnBatch][kElems], a[kAttnBatch];
+        KvUnit<KV, kElems> val[kAttnBatch];
+        float a[kAttnBatch];
 #pragma unroll
-        for (int b = 0; b < kAttnBatch; b++) {   // loads first; rows past t1 are not read (never written)
-            const int row = t + b * groups;
-            a[b] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < kElems; e++) val[b][e] = 0.0f;
-            if (row < t1) a[b] = att[row - t0], kv_load<kElems>(v + (size_t)row * kv_dim + u * kElems, val[b]);
+        for (int b = 0; b < kAttnBatch; b++) {   // loads first, without branches: rows past t1 (never
+            const int row = t + b * groups;      // written) read row t1 - 1 again, with weight 0
+            a[b] = row < t1 ? att[row - t0] : 0.0f;
+            kv_unit_load(val[b], v + (size_t)min(row, t1 - 1) * kv_dim + u * kElems);
         }
 #pragma unroll
-        for (int b = 0; b < kAttnBatch; b++)
-#pragma unroll
-            for (int e = 0; e < kElems; e++) acc[e] = fmaf(a[b], val[b][e], acc[e]);
+        for (int b = 0; b < kAttnBatch; b++) kv_unit_fma(acc, a[b], val[b]);
     }
 #pragma unroll
     for (int e = 0; e < kElems; e++) vacc[g * hs + u * kElems + e] = acc[e];
