@@ -1112,7 +1112,9 @@ __device__ __forceinline__ void kv_unit_fma(float acc[kElems], float a, const Kv
 // taking rows t0 + g, t0 + g + groups, ... with kAttnBatch rows' loads issued before their FMAs.
 // Each group's sums go to vacc (groups, hs); the caller adds the groups after a barrier.
 // (A warp per row, a pair per lane, 4 rows in flight, took one round trip to memory for every
-// 32 rows a warp had: 8 for 256 rows, the largest part of the kernel's time at 7B and 15M shapes.)
+// 32 rows a warp had: 8 for 256 rows, the largest part of the kernel's time at 7B and 15M shapes.
+// In the SASS for sm_90a the pair path issues all 8 loads first; the 16-byte path 2 or 3 before
+// the first conversion, then the rest: ptxas's choice, at 48 registers.)
 constexpr int kAttnBatch = 8;
 template <typename KV, int kElems>
 __device__ __forceinline__ int weighted_values(float *vacc, const float *att, const KV *v, int kv_dim, int t0, int t1,
