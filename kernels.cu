@@ -1070,16 +1070,88 @@ __global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ 
     kv_store(vc + at, v[(size_t)m * kv_dim + i]), kv_store(vc + at + 1, v[(size_t)m * kv_dim + i + 1]);
 }
 
+// kElems consecutive cache elements as loaded: 16 bytes (kElems = 16 / sizeof(KV), 16-byte
+// aligned) or a pair (kElems = 2), kept as raw words until used (FP16 converted at the FMA, so
+// that a batch of rows in flight costs 4 registers a row, not 8).
+template <typename KV, int kElems>
+struct KvUnit {
+    static constexpr int kWords = kElems * (int)sizeof(KV) / 4;
+    static_assert(kWords == 1 || kWords == 2 || kWords == 4, "a unit is 4, 8 or 16 bytes");
+    uint32_t w[kWords];
+};
+template <typename KV, int kElems>
+__device__ __forceinline__ void kv_unit_load(KvUnit<KV, kElems> &u, const KV *p) {
+    if constexpr (KvUnit<KV, kElems>::kWords == 4) {
+        const uint4 r = __ldg(reinterpret_cast<const uint4 *>(p));
+        u.w[0] = r.x, u.w[1] = r.y, u.w[2] = r.z, u.w[3] = r.w;
+    } else if constexpr (KvUnit<KV, kElems>::kWords == 2) {
+        const uint2 r = __ldg(reinterpret_cast<const uint2 *>(p));
+        u.w[0] = r.x, u.w[1] = r.y;
+    } else {
+        u.w[0] = __ldg(reinterpret_cast<const unsigned int *>(p));
+    }
+}
+// acc += a * unit, element by element.
+template <typename KV, int kElems>
+__device__ __forceinline__ void kv_unit_fma(float acc[kElems], float a, const KvUnit<KV, kElems> &u) {
+    if constexpr (sizeof(KV) == 4) {
+#pragma unroll
+        for (int e = 0; e < kElems; e++) acc[e] = fmaf(a, __uint_as_float(u.w[e]), acc[e]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kElems / 2; j++) {
+            const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&u.w[j]));
+            acc[2 * j] = fmaf(a, v.x, acc[2 * j]), acc[2 * j + 1] = fmaf(a, v.y, acc[2 * j + 1]);
+        }
+    }
+}
+
+// The attention's weighted sum of value rows t0..t1-1 (weights att[t - t0]) for one head, v its
+// row 0, split over the block so that many loads are in flight: a row's hs elements are units of
+// kElems, one thread per unit, and the block's threads form groups of hs / kElems threads, group g
+// taking rows t0 + g, t0 + g + groups, ... with kAttnBatch rows' loads issued before their FMAs.
+// Each group's sums go to vacc (groups, hs); the caller adds the groups after a barrier.
+// (A warp per row, a pair per lane, 4 rows in flight, took one round trip to memory for every
+// 32 rows a warp had: 8 for 256 rows, the largest part of the kernel's time at 7B and 15M shapes.
+// In the SASS for sm_90a the pair path issues all 8 loads first; the 16-byte path 2 or 3 before
+// the first conversion, then the rest: ptxas's choice, at 48 registers.)
+constexpr int kAttnBatch = 8;
+template <typename KV, int kElems>
+__device__ __forceinline__ int weighted_values(float *vacc, const float *att, const KV *v, int kv_dim, int t0, int t1,
+                                               int hs) {
+    const int units = hs / kElems, groups = blockDim.x / units, g = threadIdx.x / units, u = threadIdx.x % units;
+    if (g >= groups) return groups;
+    float acc[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; e++) acc[e] = 0.0f;
+    for (int t = t0 + g; t < t1; t += kAttnBatch * groups) {
+        KvUnit<KV, kElems> val[kAttnBatch];
+        float a[kAttnBatch];
+#pragma unroll
+        for (int b = 0; b < kAttnBatch; b++) {   // loads first, without branches: rows past t1 (never
+            const int row = t + b * groups;      // written) read row t1 - 1 again, with weight 0
+            a[b] = row < t1 ? att[row - t0] : 0.0f;
+            kv_unit_load(val[b], v + (size_t)min(row, t1 - 1) * kv_dim + u * kElems);
+        }
+#pragma unroll
+        for (int b = 0; b < kAttnBatch; b++) kv_unit_fma(acc, a[b], val[b]);
+    }
+#pragma unroll
+    for (int e = 0; e < kElems; e++) vacc[g * hs + u * kElems + e] = acc[e];
+    return groups;
+}
+
 // Attention of token m (at pos + m) over cache rows 0..pos+m, split along the sequence
 // (flash-decoding): block (h, s, m) takes rows [s * chunk, s * chunk + chunk) of head h, so that a
 // long context spreads over n_heads * splits blocks instead of n_heads. Each block: scores (a
 // thread per row, 16-byte loads along its key), their max, exp and sum, then the exp-weighted sum
-// of value rows (a warp per row, a lane per pair of dimensions, coalesced). With one split it
-// writes out directly; else it leaves (max, sum, unnormalised head vector) in part for
-// attention_combine_kernel. Splits past the last row record an empty partial.
-//   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); shared: q (hs), scores (chunk),
-//   warp partials (8 * hs).
+// of value rows (weighted_values). With one split it writes out directly; else it leaves (max,
+// sum, unnormalised head vector) in part for attention_combine_kernel. Splits past the last row
+// record an empty partial.
+//   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); shared (attention_smem_floats): q
+//   (hs), scores (chunk), the value groups' sums (kAttnThreads * 8).
 constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSplits = 64, kOneSplitLen = 1024;
+constexpr int kAttnValueFloats = kAttnThreads * 8;   // groups x hs <= threads x kElems <= threads x 8
 template <typename KV>
 __global__ void __launch_bounds__(kAttnThreads)
 attention_kernel(float *__restrict__ out, float *__restrict__ part, const float *__restrict__ q, const KV *__restrict__ kc,
@@ -1087,14 +1159,12 @@ attention_kernel(float *__restrict__ out, float *__restrict__ part, const float 
                  int chunk, size_t seq_stride) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
-    constexpr int n_warps = kAttnThreads / 32;
-    float *qs = reinterpret_cast<float *>(smem4), *warp_acc = qs + head_size, *att = warp_acc + n_warps * head_size;
+    float *qs = reinterpret_cast<float *>(smem4), *vacc = qs + head_size, *att = vacc + kAttnValueFloats;
     const int h = blockIdx.x, split = blockIdx.y, splits = gridDim.y, m = blockIdx.z;
     pdl_wait_then_release();
     kc += m * seq_stride, vc += m * seq_stride;   // a batch: token m's own sequence (rope_store_kernel)
     const int last = inputs[0] + (seq_stride ? 0 : m), t0 = split * chunk, t1 = min(last + 1, t0 + chunk), dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *my_part = part + (((size_t)m * n_heads + h) * splits + split) * (2 + head_size);
     if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
         for (int i = threadIdx.x; i < 2 + head_size; i += blockDim.x) my_part[i] = i == 0 ? -INFINITY : 0.0f;
@@ -1117,32 +1187,13 @@ attention_kernel(float *__restrict__ out, float *__restrict__ part, const float 
         sum += e;
     }
     sum = block_reduce<false>(sum, red);   // its barriers also publish att
-    constexpr int kPairsPerLane = kMaxHeadSize / 64;
-    float2 acc[kPairsPerLane];
-#pragma unroll
-    for (int j = 0; j < kPairsPerLane; j++) acc[j] = make_float2(0.0f, 0.0f);
-#pragma unroll 4
-    for (int t = t0 + warp; t < t1; t += n_warps) {
-        const float a = att[t - t0];
-        const KV *v = vc + (size_t)t * kv_dim + kv_off;
-#pragma unroll
-        for (int j = 0; j < kPairsPerLane; j++) {
-            const int d = 2 * (lane + 32 * j);
-            if (d < head_size) {
-                const float2 vv = kv_load2(v + d);
-                acc[j].x = fmaf(a, vv.x, acc[j].x), acc[j].y = fmaf(a, vv.y, acc[j].y);
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < kPairsPerLane; j++) {
-        const int d = 2 * (lane + 32 * j);
-        if (d < head_size) warp_acc[warp * head_size + d] = acc[j].x, warp_acc[warp * head_size + d + 1] = acc[j].y;
-    }
+    constexpr int kPer16 = 16 / sizeof(KV);
+    const int groups = head_size % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size)
+                                               : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size);
     __syncthreads();
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
         float total = 0.0f;
-        for (int w = 0; w < n_warps; w++) total += warp_acc[w * head_size + d];
+        for (int g = 0; g < groups; g++) total += vacc[g * head_size + d];
         if (splits == 1) out[(size_t)m * dim + h * head_size + d] = total / sum;
         else my_part[2 + d] = total;
     }
@@ -1176,31 +1227,58 @@ __global__ void swiglu_kernel(float *h, const float *__restrict__ g, int n) {
     }
 }
 
-// One block: the first index of the maximum (ties go to the lower index, as on the CPU).
-// feed: it also becomes the next step's input, token inputs[1] at position inputs[0] + 1, so that
-// greedy decode steps can be queued before the host has read the token.
-__global__ void argmax_kernel(int *result, int *inputs, int feed, const float *__restrict__ v, int n) {
-    __shared__ float best_val[1024];
-    __shared__ int best_idx[1024];
+// (value, index) pairs: keep the larger value, of equal values the lower index (as the CPU's
+// argmax_row, which keeps the first maximum). NaN is never larger; index n stands for none yet.
+__device__ __forceinline__ void keep_max(float &best, int &best_i, float v, int i) {
+    if (v > best || (v == best && i < best_i)) best = v, best_i = i;
+}
+__device__ __forceinline__ void warp_keep_max(float &best, int &best_i) {
+    for (int o = 16; o > 0; o >>= 1) keep_max(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
+}
+
+// One block of kArgmaxThreads: the first index of the maximum of v (n floats), 0 if none is
+// larger than -inf. Each thread scans float4s i, i + threads, ... in index order (strictly
+// larger replaces, so its first maximum stays), kArgmaxBatch of them loaded before any compare:
+// 32000 logits are then one round trip to memory, where a load per compare took 32 (11 us under
+// ncu on the H200). Unaligned v or a tail past n / 4 * 4: plain loads. Then the warps' bests meet.
+// feed: the result also becomes the next step's input, token inputs[1] at position inputs[0] + 1,
+// so that greedy decode steps can be queued before the host has read the token.
+constexpr int kArgmaxThreads = 1024, kArgmaxBatch = 8;
+static_assert(kArgmaxThreads == 32 * 32, "argmax_kernel: its warps' bests are one warp's lanes");
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int *inputs, int feed, const float *__restrict__ v, int n) {
+    __shared__ float warp_best[32];
+    __shared__ int warp_best_i[32];
     pdl_wait_then_release();
-    float bv = -INFINITY;
-    int bi = n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (v[i] > bv) bv = v[i], bi = i;
-    best_val[threadIdx.x] = bv;
-    best_idx[threadIdx.x] = bi;
-    __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) {
-            const float ov = best_val[threadIdx.x + half];
-            const int oi = best_idx[threadIdx.x + half];
-            if (ov > best_val[threadIdx.x] || (ov == best_val[threadIdx.x] && oi < best_idx[threadIdx.x]))
-                best_val[threadIdx.x] = ov, best_idx[threadIdx.x] = oi;
+    const int n4 = (reinterpret_cast<uintptr_t>(v) & 15) ? 0 : n / 4;
+    float best = -INFINITY;
+    int best_i = n;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += kArgmaxBatch * kArgmaxThreads) {
+        float4 x[kArgmaxBatch];
+#pragma unroll
+        for (int b = 0; b < kArgmaxBatch; b++) {
+            const int i = i0 + b * kArgmaxThreads;
+            x[b] = i < n4 ? __ldg(reinterpret_cast<const float4 *>(v) + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
         }
-        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < kArgmaxBatch; b++) {
+            const int i = 4 * (i0 + b * kArgmaxThreads);
+            if (x[b].x > best) best = x[b].x, best_i = i;
+            if (x[b].y > best) best = x[b].y, best_i = i + 1;
+            if (x[b].z > best) best = x[b].z, best_i = i + 2;
+            if (x[b].w > best) best = x[b].w, best_i = i + 3;
+        }
     }
-    if (threadIdx.x == 0) {
-        *result = best_idx[0] < n ? best_idx[0] : 0;
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += kArgmaxThreads)
+        if (v[i] > best) best = v[i], best_i = i;
+    warp_keep_max(best, best_i);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) warp_best[warp] = best, warp_best_i[warp] = best_i;
+    __syncthreads();
+    if (warp > 0) return;
+    best = warp_best[lane], best_i = warp_best_i[lane];   // kArgmaxThreads / 32 == 32 warps
+    warp_keep_max(best, best_i);
+    if (lane == 0) {
+        *result = best_i < n ? best_i : 0;
         if (feed) inputs[0] += 1, inputs[1] = *result;
     }
 }
@@ -1527,12 +1605,21 @@ extern "C" void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, 
     gpu_matmul_q8_fused_norm(g, y, x, M, w, accumulate, NULL);
 }
 
+// The register-fed kernel's instance for tall weights at M = 1 (4 rows a warp) needs 124 registers
+// with the norm folded in, 80 without: 2 blocks an SM instead of 3. Measured on stories15m
+// (32000 x 288 classifier, H200): 8845 tok/s with the final norm as its own kernel, 8640 folded.
+static bool takes_tall_simt(const GpuCtx *g, int M, const Mat *w) {
+    const bool copy_engine = g->gemv_tma && w->stride % 16 == 0;   // launch_q8_tma_norm's first checks
+    return M == 1 && group_shift(w->gs) >= 0 && w->rows >= kTallRows && !copy_engine;
+}
+extern "C" int gpu_fold_norm_pays(GpuCtx *g, int M, const Mat *w) { return !takes_tall_simt(g, M, w); }
+
 extern "C" void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate,
                                          const float *norm_w) {
     Q8Args a = q8_args(x, M, 1, &w, &y, accumulate);
     a.norm_w = norm_w;
     if (launch_q8_tma<false>(g, a)) return;
-    if (M == 1 && a.group_shift >= 0 && w->rows >= kTallRows) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
+    if (takes_tall_simt(g, M, w)) launch_q8<1, true, false, kRowsPerWarpTall>(g, a);
     else launch_q8_simt<false>(g, a);
 }
 
@@ -1745,7 +1832,7 @@ extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q
                               const void *value_cache, int M, int n_heads, int n_kv_heads, int head_size, int seq_len,
                               int kv_half, size_t seq_stride) {
     const int chunk = attention_chunk(seq_len), splits = ceil_div_i(seq_len, chunk);
-    const size_t smem = (size_t)(9 * head_size + chunk) * sizeof(float);
+    const size_t smem = (size_t)(head_size + kAttnValueFloats + chunk) * sizeof(float);
     if (head_size > kMaxHeadSize || smem > kMaxSmem) {
         fprintf(stderr, "run: attention: head size %d (at most %d) or context %d too large\n", head_size, kMaxHeadSize, seq_len);
         exit(1);
@@ -1769,7 +1856,7 @@ extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
 }
 
 extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed) {
-    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(1024), 0, g->argmax, g->inputs, feed, v, n);
+    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, feed, v, n);
 }
 
 extern "C" void gpu_argmax_fetch(GpuCtx *g, int slot) {

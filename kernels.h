@@ -51,6 +51,8 @@ void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *
 // RMSNorm folded in (this and the two below): norm_w non-NULL means x is the un-normalised
 // residual stream and the layer's input is rmsnorm(x) * norm_w (K weights), done on the fly.
 void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, const float *norm_w);
+// Whether a norm folded into that launch costs no more than its own kernel (else the caller runs it first).
+int gpu_fold_norm_pays(GpuCtx *g, int M, const Mat *w);
 // The attention's q, k, v (three INT8 weights of one K) in one launch, with RoPE applied at the
 // step's positions to q and k in the epilogue, and k, v stored into rows pos..pos+M-1 of the
 // layer's caches (seq_len, kv_dim), FP16 if kv_half: gpu_rope_store's work without its launch.

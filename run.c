@@ -578,6 +578,7 @@ static int use_tensor_cores(const Exec *e, int M, const Mat *w) {
 static void gpu_linear(Exec *e, float *out, const float *in, int M, const Mat *w, int acc, int fused) {
     GpuCtx *c = GPU(e)->ctx;
     if (fused && !w->h && !w->f && !use_tensor_cores(e, M, w)) {   // the SIMT GEMV: folds a held norm
+        if (!gpu_fold_norm_pays(c, M, w)) flush_norm(e);
         const float *norm_w = take_norm(e, &in, M);
         gpu_matmul_q8_fused_norm(c, out, in, M, w, acc, norm_w);
         return;

@@ -915,6 +915,45 @@ static const char *check_norm_folded(const Mat *d, const Mat *h, const float *x,
     return check_ref(y, ref, mag, M, N, 1e-5, what);
 }
 
+// The first index of the maximum of v (n), NaN never the maximum, 0 if nothing beats -inf: what
+// argmax_kernel promises (the CPU's argmax_row where there is no NaN).
+static int argmax_ref(const float *v, int n) {
+    float best = -INFINITY;
+    int best_i = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > best) best = v[i], best_i = i;
+    return best_i;
+}
+
+// gpu_argmax on fresh random rows: lengths around the kernel's float4 batches (32768 floats a
+// pass) and odd tails, 16-byte aligned and not, the maximum tied at up to three places (the
+// first must win), NaN and -inf sprinkled in, and rows of -inf only.
+static void test_gpu_argmax(void) {
+    int ns[] = {1, 2, 3, 5, 97, 1023, 4097, 31999, 32000, 32003, 32768, 40001, 200000};
+    const char *fail = NULL;
+    char what[200] = "";
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0] && !fail; ni++)
+        for (int variant = 0; variant < 8 && !fail; variant++) {
+            int n = ns[ni], offset = variant % 2;   // odd variants: one float off alignment
+            float *v = talloc((n + 1) * sizeof(float)), *row = v + offset;
+            for (int i = 0; i <= n; i++) v[i] = variant == 7 ? -INFINITY : nrand();
+            if (variant >= 2 && variant < 7) {   // a maximum at 1 to 3 random places
+                float top = 10.0f + urand();
+                for (int t = 0; t < 1 + variant % 3; t++) row[random_u32(&rng_state) % n] = top;
+            }
+            if (variant >= 4 && variant < 7)   // NaN and -inf among the values
+                for (int t = 0; t < 1 + n / 50; t++) row[random_u32(&rng_state) % n] = t % 2 ? NAN : -INFINITY;
+            float *d = dev_put(v, (n + 1) * sizeof(float));
+            int got = gpu_argmax(gctx, d + offset, n), want = argmax_ref(row, n);
+            gpu_free(d);
+            if (got != want) {
+                snprintf(what, sizeof what, "n %d, variant %d: index %d, expected %d", n, variant, got, want);
+                fail = what;
+            }
+        }
+    check(!fail, "gpu argmax == first maximum (13 lengths x aligned, unaligned, ties, NaN, -inf only)", "%s", what);
+}
+
 static void test_gpu_linear(void) {
     const int tma = gpu_set_gemv_tma(gctx, 1);   // M = 1 through the copy-engine GEMV, where this GPU has it
     // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
@@ -1188,6 +1227,15 @@ static void test_gpu_random_models(void) {
         compare_executors(label, q8, 70, 7, 0);
         if (i == 0) compare_executors("random model llama2.c v2 int8 gs4 (per-element scales)", v2, 70, 7, 0);
     }
+    // head sizes 12 (FP16 cache: the attention's value sum by pairs; FP32: 3 units of 16 bytes a
+    // row, 85 groups) and 48 (stories15m's: 6 FP16 units, 42 groups, 252 of 256 threads)
+    Config odd_heads[] = {{96, 172, 2, 8, 4, 97, 80}, {192, 172, 2, 4, 2, 97, 80}};
+    for (int i = 0; i < 2; i++) {
+        char label[96], *fp32 = tpath("h32.bin"), *q8 = tpath("h8.bin");
+        random_model_files(odd_heads[i], 0, 32, 0, fp32, q8, NULL);
+        snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
+        compare_executors(label, q8, 70, 7, 0);
+    }
 }
 
 // A context of 1300: the attention splits into six blocks of 256 rows per head (the last
@@ -1203,6 +1251,11 @@ static void test_gpu_long_context(void) {
     prefill_chunk = MAX_TOKENS;
     compare_executors("random model, context 1300, int8 gs64, prefill chunks of 512", q8, 1100, 1040, 0);
     prefill_chunk = TEST_CHUNK;
+    // head size 128, context 600: one split of 600 rows, whose value sum takes several batches a
+    // thread (16 groups of FP16 units: 128 rows a batch; 8 of FP32: 64), the last one partial
+    Config wide = {256, 96, 2, 2, 1, 97, 600};
+    random_model_files(wide, 1, 64, 0, fp32, q8, NULL);
+    compare_executors("random model, head size 128, context 600 int8 gs64", q8, 600, 530, 0);
 }
 
 // The real checkpoints, and two layers of Llama-2-7B's shapes.
@@ -1280,6 +1333,7 @@ static void test_gpu(void) {
     if (!gpu_part || !strcmp(gpu_part, "linear")) {
         gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
         test_gpu_linear();
+        test_gpu_argmax();
         gpu_destroy(gctx);
     }
     if (!gpu_part || !strcmp(gpu_part, "batch")) {
