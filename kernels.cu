@@ -49,7 +49,8 @@ struct GpuCtx {
     float *scratch;          // (scratch_floats) dequantized weights for the unfused path
     size_t scratch_floats;
     int *inputs;             // (1 + kMaxTokens): the step's position, then its token ids
-    int *argmax;             // (1) device result of gpu_argmax
+    int *argmax;             // (kMaxArgmaxRows) device results of gpu_argmax (the first) and gpu_argmax_rows
+    int *argmax_rows_host;   // (kMaxArgmaxRows) pinned: gpu_argmax_rows's results
     int *argmax_host;        // (kArgmaxSlots) pinned: results fetched asynchronously
     cudaEvent_t argmax_fetched[2];
     int *inputs_host;        // pinned staging for inputs; reused once inputs_copied has passed
@@ -83,6 +84,7 @@ constexpr int kWarps = 8;            // 256 threads a block: two warps per sched
 constexpr int kRowsPerWarp = 2, kRowsPerWarpTall = 4, kTallRows = 8192;
 constexpr int kChunksInFlight = 2;
 constexpr int kMaxTokens = 4096;
+constexpr int kMaxArgmaxRows = 64;   // gpu_argmax_rows: a --batch's sequences
 constexpr size_t kBlasWorkspace = 32u << 20;
 constexpr int kMaxSmem = 200 * 1024; // dynamic shared memory a block may ask for (H200: 227 KB)
 // Bytes of each weight row the GEMV asks L2 for before the previous kernel has finished (PDL):
@@ -1236,12 +1238,12 @@ __device__ __forceinline__ void warp_keep_max(float &best, int &best_i) {
     for (int o = 16; o > 0; o >>= 1) keep_max(best, best_i, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_i, o));
 }
 
-// One block of kArgmaxThreads: the first index of the maximum of v (n floats), 0 if none is
-// larger than -inf. Each thread scans float4s i, i + threads, ... in index order (strictly
+// Block r of kArgmaxThreads: the first index of the maximum of row r of v (rows of n floats), 0
+// if none is larger than -inf, into result[r]. Each thread scans float4s i, i + threads, ... in index order (strictly
 // larger replaces, so its first maximum stays), kArgmaxBatch of them loaded before any compare:
 // 32000 logits are then one round trip to memory, where a load per compare took 32 (11 us under
 // ncu on the H200). Unaligned v or a tail past n / 4 * 4: plain loads. Then the warps' bests meet.
-// feed: the result also becomes the next step's input, token inputs[1] at position inputs[0] + 1,
+// feed (one row only): the result also becomes the next step's input, token inputs[1] at position inputs[0] + 1,
 // so that greedy decode steps can be queued before the host has read the token.
 constexpr int kArgmaxThreads = 1024, kArgmaxBatch = 8;
 static_assert(kArgmaxThreads == 32 * 32, "argmax_kernel: its warps' bests are one warp's lanes");
@@ -1249,6 +1251,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int
     __shared__ float warp_best[32];
     __shared__ int warp_best_i[32];
     pdl_wait_then_release();
+    v += (size_t)blockIdx.x * n, result += blockIdx.x;
     const int n4 = (reinterpret_cast<uintptr_t>(v) & 15) ? 0 : n / 4;
     float best = -INFINITY;
     int best_i = n;
@@ -1367,8 +1370,9 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     g->scratch_floats = scratch_floats;
     if (scratch_floats) CUDA_CHECK(cudaMalloc(&g->scratch, scratch_floats * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&g->inputs, (1 + kMaxTokens) * sizeof(int)));
-    CUDA_CHECK(cudaMalloc(&g->argmax, sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&g->argmax, kMaxArgmaxRows * sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&g->argmax_host, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&g->argmax_rows_host, kMaxArgmaxRows * sizeof(int)));
     for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g->argmax_fetched[i], cudaEventDisableTiming));
     CUDA_CHECK(cudaMallocHost(&g->inputs_host, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->inputs_copied, cudaEventDisableTiming));
@@ -1398,6 +1402,7 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     CUDA_CHECK(cudaFree(g->blas_workspace));
     CUDA_CHECK(cudaFree(g->argmax));
     CUDA_CHECK(cudaFreeHost(g->argmax_host));
+    CUDA_CHECK(cudaFreeHost(g->argmax_rows_host));
     for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(g->argmax_fetched[i]));
     CUDA_CHECK(cudaFreeHost(g->inputs_host));
     CUDA_CHECK(cudaEventDestroy(g->inputs_copied));
@@ -1857,6 +1862,17 @@ extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {
 
 extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed) {
     launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, feed, v, n);
+}
+
+extern "C" void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out) {
+    if (rows < 1 || rows > kMaxArgmaxRows) {
+        fprintf(stderr, "run: argmax of %d rows (1 to %d)\n", rows, kMaxArgmaxRows);
+        exit(1);
+    }
+    launch(g, "argmax_kernel", argmax_kernel, dim3(rows), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, 0, v, n);
+    CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    memcpy(out, g->argmax_rows_host, rows * sizeof(int));
 }
 
 extern "C" void gpu_argmax_fetch(GpuCtx *g, int slot) {

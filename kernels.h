@@ -107,6 +107,8 @@ size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len)
 int gpu_attention_max_head_size(void);   // the largest head the attention kernel handles
 void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n);   // h = silu(h) * gate
 int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index of the maximum
+// out[r] = gpu_argmax of row r of v (rows x n, rows 1..64), waited for.
+void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out);
 // The same in parts: the kernel (may be captured in a graph; feed: the result also becomes the
 // next step's input, token at position + 1), an asynchronous copy of its result into one of two
 // host slots, and the wait for that slot.

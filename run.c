@@ -89,6 +89,7 @@ typedef struct {
     void (*attention)(Exec *e, int layer, int M, int pos);                      // xb = attention of q over the cache
     const float *(*to_host)(Exec *e, const float *logits, int rows);           // logits readable by the host
     int (*argmax)(Exec *e, const float *logits);                                // greedy token of one row
+    void (*argmax_rows)(Exec *e, const float *logits, int rows, int *out);     // greedy tokens of rows (a batch)
     // Optional: greedy decoding from logits (of position pos) on, pipelined by the executor itself.
     // Each token goes to on_token (non-zero stops with -1); stops after BOS or at position steps.
     // Returns the tokens generated, -1, or NOT_PIPELINED where the caller should loop itself.
@@ -292,6 +293,9 @@ static int argmax_row(const float *v, int n) {
 }
 
 static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, e->cfg.vocab_size); }
+static void cpu_argmax_rows(Exec *e, const float *logits, int rows, int *out) {
+    for (int r = 0; r < rows; r++) out[r] = argmax_row(logits + (size_t)r * e->cfg.vocab_size, e->cfg.vocab_size);
+}
 
 // Calls copy(dst, src, bytes) for each layer's first rows of both caches, sequence 0 to the rest.
 static void for_each_cache_copy(Exec *e, int rows, void (*copy)(Exec *e, void *dst, const void *src, size_t bytes)) {
@@ -315,7 +319,7 @@ static void cpu_release(Exec *e) {
 }
 
 static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, qkv_by_matmul, cpu_ffn_up,
-                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, NULL, cpu_copy_cache, cpu_release};
+                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_argmax_rows, NULL, cpu_copy_cache, cpu_release};
 
 // Sizes of the RunState buffers, in floats, shared by both executors' allocations.
 typedef struct {
@@ -468,7 +472,9 @@ typedef struct {
     float *host_logits;         // (MAX_TOKENS, vocab)
     GpuOptions opt;
     GpuGraph *graph;            // the captured decode step, once made
-    int capturing;
+    GpuGraph *batch_graph;      // the captured step of a batch (forward_batch) of batch_graph_B sequences
+    int batch_graph_B;
+    int capturing;              // 1: the decode step is being captured; 2: a batch step
     int decode_step;            // this forward is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
     // The fused path's RMSNorm, held back so that the next SIMT GEMV folds it in (its input is
@@ -529,20 +535,30 @@ static const float *take_norm(Exec *e, const float **in, int M) {
 }
 
 // Token ids and the position go to device memory; the decode step runs as a replayed graph,
-// whose last kernel is the greedy argmax (so that one int crosses to the host per token).
+// whose last kernel is the greedy argmax (so that one int crosses to the host per token). So does
+// a batch's step (one token of each of M sequences at one position): every launch in it reads the
+// position and tokens from device memory too, and a generation's batches are all of one size
+// (a graph for another size replaces it).
 static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, M, pos);
     g->decode_step = M == 1 && !all_logits && !e->s.seq_stride;
+    const int batch_step = e->s.seq_stride != 0;
     g->argmax_ready = 0;
-    if (!g->opt.use_graph || !g->decode_step) return 0;
-    if (g->graph) {
-        gpu_graph_launch(g->ctx, g->graph);
-        g->argmax_ready = 1;
+    if (!g->opt.use_graph || !(g->decode_step || batch_step)) return 0;
+    if (batch_step && g->batch_graph && g->batch_graph_B != M) {
+        gpu_graph_free(g->batch_graph);
+        g->batch_graph = NULL;
+    }
+    GpuGraph *graph = batch_step ? g->batch_graph : g->graph;
+    if (graph) {
+        gpu_graph_launch(g->ctx, graph);
+        g->argmax_ready = g->decode_step;
         return 1;
     }
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
-    g->capturing = 1;
+    g->capturing = batch_step ? 2 : 1;
+    g->batch_graph_B = M;
     return 0;
 }
 
@@ -554,9 +570,10 @@ static void gpu_op_end(Exec *e) {
         g->argmax_ready = 1;
     }
     if (!g->capturing) return;
+    GpuGraph **graph = g->capturing == 2 ? &g->batch_graph : &g->graph;
     g->capturing = 0;
-    g->graph = gpu_graph_end(g->ctx);
-    gpu_graph_launch(g->ctx, g->graph);   // now run what was recorded
+    *graph = gpu_graph_end(g->ctx);
+    gpu_graph_launch(g->ctx, *graph);   // now run what was recorded
 }
 
 static void gpu_op_embed(Exec *e, const int *tokens, int M) {
@@ -654,6 +671,11 @@ static int gpu_op_argmax(Exec *e, const float *logits) {
     return gpu_argmax(g->ctx, logits, e->cfg.vocab_size);
 }
 
+// A greedy batch's tokens: B ints cross to the host instead of B rows of logits.
+static void gpu_op_argmax_rows(Exec *e, const float *logits, int rows, int *out) {
+    gpu_argmax_rows(GPU(e)->ctx, logits, rows, e->cfg.vocab_size, out);
+}
+
 // Greedy decode with the step replayed as a graph whose argmax feeds the next step's input on the
 // device: step p + 1 is queued before step p's token is read, so the GPU never waits for the host
 // (printing, the next launch). A step queued past a BOS is computed and discarded.
@@ -695,6 +717,7 @@ static void gpu_op_release(Exec *e) {
     gpu_sync(g->ctx);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
     if (g->graph) gpu_graph_free(g->graph);
+    if (g->batch_graph) gpu_graph_free(g->batch_graph);
     gpu_free(g->d_map);
     if (g->d_owned) gpu_free(g->d_owned);
     if (g->d_half) gpu_free(g->d_half);
@@ -706,16 +729,16 @@ static void gpu_op_release(Exec *e) {
 
 static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm_held,
                                   gpu_op_matmul_fused, gpu_op_qkv_rope_fused, gpu_op_ffn_up_fused, NULL,
-                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                     gpu_op_rmsnorm, gpu_op_matmul_unfused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                  gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
-                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                  gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 
 // Largest linear weight, and all of them together, in elements (the unfused and FP16 paths).
 static size_t largest_mat(const Model *m, size_t *all_elems) {
@@ -1267,8 +1290,9 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
     const float *host = e->ops->to_host(e, prefill(e, tokens, n, 0), 1);
     e->ops->copy_cache(e, n);
     long t1 = time_in_us();
-    int live = B;
+    int live = B, greedy = 1;   // greedy: every sequence takes the argmax, done where the logits are
     for (int b = 0; b < B; b++) next[b] = sample_host(&samplers[b], host);   // all from the prompt's last row
+    for (int b = 0; b < B; b++) greedy = greedy && samplers[b].temperature == 0.0f;
     for (int pos = n; live > 0; pos++) {
         step++;
         for (int b = 0; b < B; b++) {
@@ -1277,8 +1301,14 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
             else out[(size_t)b * (steps + 1) + count[b]++] = next[b];
         }
         if (live == 0 || pos >= steps) break;
-        host = e->ops->to_host(e, forward_batch(e, next, B, pos), B);   // a stopped slot runs BOS, unused
-        for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : sample_host(&samplers[b], host + (size_t)b * V);
+        const float *logits = forward_batch(e, next, B, pos);   // a stopped slot runs BOS, unused
+        if (greedy) {
+            e->ops->argmax_rows(e, logits, B, next);
+            for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : next[b];
+        } else {
+            host = e->ops->to_host(e, logits, B);
+            for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : sample_host(&samplers[b], host + (size_t)b * V);
+        }
     }
     long t2 = time_in_us();
     for (int b = 0; b < B; b++) {

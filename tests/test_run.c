@@ -952,6 +952,31 @@ static void test_gpu_argmax(void) {
             }
         }
     check(!fail, "gpu argmax == first maximum (13 lengths x aligned, unaligned, ties, NaN, -inf only)", "%s", what);
+    // gpu_argmax_rows: 1, 7 and 64 rows (a --batch) of 97, 32000 and 32003 floats (odd rows then
+    // start off 16-byte alignment), each row's maximum tied at a random second place half the time
+    int row_ns[] = {97, 32000, 32003}, row_counts[] = {1, 7, 64};
+    for (int ni = 0; ni < 3 && !fail; ni++)
+        for (int ri = 0; ri < 3 && !fail; ri++) {
+            int n = row_ns[ni], rows = row_counts[ri], got[64];
+            float *v = talloc((size_t)rows * n * sizeof(float));
+            for (size_t i = 0; i < (size_t)rows * n; i++) v[i] = nrand();
+            for (int r = 0; r < rows; r++) {
+                float *row = v + (size_t)r * n, top = 10.0f + urand();
+                row[random_u32(&rng_state) % n] = top;
+                if (r % 2) row[random_u32(&rng_state) % n] = top;
+            }
+            float *d = dev_put(v, (size_t)rows * n * sizeof(float));
+            for (int r = 0; r < rows; r++) got[r] = -1;
+            gpu_argmax_rows(gctx, d, rows, n, got);
+            gpu_free(d);
+            for (int r = 0; r < rows && !fail; r++)
+                if (got[r] != argmax_ref(v + (size_t)r * n, n)) {
+                    snprintf(what, sizeof what, "%d rows of %d: row %d index %d, expected %d", rows, n, r, got[r],
+                             argmax_ref(v + (size_t)r * n, n));
+                    fail = what;
+                }
+        }
+    check(!fail, "gpu argmax of 1, 7, 64 rows == each row's first maximum", "%s", what);
 }
 
 static void test_gpu_linear(void) {
@@ -1196,6 +1221,8 @@ static void test_gpu_batch(void) {
         {"batch, FP32 KV, SIMT", {PATH_FUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
         {"batch, unfused", {PATH_UNFUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
         {"batch, FP16 KV, tensor cores", {PATH_FUSED, 1, 1, 1, 1, B, context, 0}, 3e-3, -1, 0},
+        {"batch, FP16 KV, tensor cores, no graph", {PATH_FUSED, 0, 1, 1, 1, B, context, 0}, 3e-3, -1, 0},
+        {"batch, unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         Exec g;
