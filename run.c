@@ -1086,28 +1086,36 @@ static int sample_mult(const float *probabilities, int n, float coin) {
     return n - 1;   // rounding
 }
 
-// Byte `shift / 8` of the sort key of a probability >= 0: its bits inverted, so that ascending
-// keys are descending probabilities (the bits of non-negative floats order as their values).
-static unsigned prob_key_byte(float prob, int shift) {
+// The sort key of a probability >= 0: its bits inverted, so that ascending keys are descending
+// probabilities (the bits of non-negative floats order as their values).
+static uint32_t prob_key(float prob) {
     uint32_t bits;
     memcpy(&bits, &prob, sizeof bits);
-    return (~bits >> shift) & 255u;
+    return ~bits;
 }
 
 // Sorts items (n, probabilities >= 0) largest first, equal ones in their given order: a stable
-// LSD radix sort, a byte of the key per pass, through tmp (n). Linear time: where top-p keeps
-// nearly every token (flat distributions, such as random weights' at -t 0.8) qsort took about
-// 2.5 ms a token over 32000 candidates.
+// LSD radix sort, a byte of the key per pass, through tmp (n); the four bytes' histograms in one
+// read, and a pass whose byte is the same for every item (the exponent, in a flat distribution)
+// skipped. Linear time: where top-p keeps nearly every token (flat distributions, such as random
+// weights' at -t 0.8) qsort took about 2.5-3.5 ms a token over 32000 candidates.
 static void sort_by_prob(ProbIndex *items, ProbIndex *tmp, int n) {
+    if (n < 2) return;
+    int count[4][256] = {{0}};
+    for (int i = 0; i < n; i++) {
+        const uint32_t key = prob_key(items[i].prob);
+        for (int b = 0; b < 4; b++) count[b][(key >> 8 * b) & 255]++;
+    }
     ProbIndex *src = items, *dst = tmp;
-    for (int shift = 0; shift < 32; shift += 8) {   // four passes: the result ends in items
-        int start[257] = {0};
-        for (int i = 0; i < n; i++) start[1 + prob_key_byte(src[i].prob, shift)]++;
-        for (int d = 0; d < 256; d++) start[d + 1] += start[d];
-        for (int i = 0; i < n; i++) dst[start[prob_key_byte(src[i].prob, shift)]++] = src[i];
+    for (int b = 0; b < 4; b++) {
+        if (count[b][(prob_key(src[0].prob) >> 8 * b) & 255] == n) continue;   // one bucket: nothing moves
+        int start[256];
+        for (int d = 0, sum = 0; d < 256; d++) start[d] = sum, sum += count[b][d];
+        for (int i = 0; i < n; i++) dst[start[(prob_key(src[i].prob) >> 8 * b) & 255]++] = src[i];
         ProbIndex *t = src;
         src = dst, dst = t;
     }
+    if (src != items) memcpy(items, src, (size_t)n * sizeof *items);
 }
 
 // Samples from the smallest set of tokens whose probability exceeds topp, the tokens in
