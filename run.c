@@ -1126,6 +1126,8 @@ static int sample_topp(const float *probabilities, int n, float topp, ProbIndex 
     const float cutoff = (1.0f - topp) / (n - 1);
     for (int i = 0; i < n; i++)
         if (probabilities[i] >= cutoff) probindex[n0++] = (ProbIndex){probabilities[i], i};
+    // none: a flat distribution and topp under 1 / n, whose set is the most probable token alone
+    if (n0 == 0) return argmax_row(probabilities, n);
     sort_by_prob(probindex, tmp, n0);
     float cumulative_prob = 0.0f;
     int last_idx = n0 - 1;

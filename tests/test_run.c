@@ -381,6 +381,14 @@ static void test_topp_sampling(void) {
                     }
             }
     check(!fail, "top-p sampling (radix sort) == qsort reference (flat, peaked, tied; n 2 to 32000)", "%s (%d cases)", what, cases);
+    // a uniform distribution with top-p under 1 / n: every token is under the cutoff (1 - p) / (n - 1);
+    // the set is then the first most probable token (no read before the candidates)
+    int n = 32000, got = -1;
+    float *p = talloc(n * sizeof(float));
+    ProbIndex *pi = talloc(n * sizeof(ProbIndex)), *tmp = talloc(n * sizeof(ProbIndex));
+    for (int i = 0; i < n; i++) p[i] = 1.0f / n;
+    got = sample_topp(p, n, 1e-6f, pi, tmp, 0.5f);
+    check(got == 0, "top-p 1e-6 over a uniform distribution: the first token", "token %d", got);
     arena_free();
 }
 
