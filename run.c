@@ -1062,7 +1062,7 @@ typedef struct {
 
 typedef struct {
     int vocab_size;
-    ProbIndex *probindex;   // (vocab_size) scratch for top-p
+    ProbIndex *probindex, *sort_tmp;   // (vocab_size) each: scratch for top-p
     float temperature, topp;
     unsigned long long rng_state;
     float *scratch;         // (vocab_size) logits the sampler may scale in place
@@ -1086,19 +1086,49 @@ static int sample_mult(const float *probabilities, int n, float coin) {
     return n - 1;   // rounding
 }
 
-static int compare_prob(const void *a, const void *b) {
-    float pa = ((const ProbIndex *)a)->prob, pb = ((const ProbIndex *)b)->prob;
-    return pa > pb ? -1 : pa < pb ? 1 : 0;
+// The sort key of a probability >= 0: its bits inverted, so that ascending keys are descending
+// probabilities (the bits of non-negative floats order as their values).
+static uint32_t prob_key(float prob) {
+    uint32_t bits;
+    memcpy(&bits, &prob, sizeof bits);
+    return ~bits;
 }
 
-// Samples from the smallest set of tokens whose probability exceeds topp. Tokens under
-// (1 - topp) / (n - 1) cannot be in that set and are dropped before the sort.
-static int sample_topp(const float *probabilities, int n, float topp, ProbIndex *probindex, float coin) {
+// Sorts items (n, probabilities >= 0) largest first, equal ones in their given order: a stable
+// LSD radix sort, a byte of the key per pass, through tmp (n); the four bytes' histograms in one
+// read, and a pass whose byte is the same for every item (the exponent, in a flat distribution)
+// skipped. Linear time: where top-p keeps nearly every token (flat distributions, such as random
+// weights' at -t 0.8) qsort took about 2.5-3.5 ms a token over 32000 candidates.
+static void sort_by_prob(ProbIndex *items, ProbIndex *tmp, int n) {
+    if (n < 2) return;
+    int count[4][256] = {{0}};
+    for (int i = 0; i < n; i++) {
+        const uint32_t key = prob_key(items[i].prob);
+        for (int b = 0; b < 4; b++) count[b][(key >> 8 * b) & 255]++;
+    }
+    ProbIndex *src = items, *dst = tmp;
+    for (int b = 0; b < 4; b++) {
+        if (count[b][(prob_key(src[0].prob) >> 8 * b) & 255] == n) continue;   // one bucket: nothing moves
+        int start[256];
+        for (int d = 0, sum = 0; d < 256; d++) start[d] = sum, sum += count[b][d];
+        for (int i = 0; i < n; i++) dst[start[(prob_key(src[i].prob) >> 8 * b) & 255]++] = src[i];
+        ProbIndex *t = src;
+        src = dst, dst = t;
+    }
+    if (src != items) memcpy(items, src, (size_t)n * sizeof *items);
+}
+
+// Samples from the smallest set of tokens whose probability exceeds topp, the tokens in
+// descending probability (equal ones by index). Tokens under (1 - topp) / (n - 1) cannot be in
+// that set and are dropped before the sort. probindex, tmp: n each.
+static int sample_topp(const float *probabilities, int n, float topp, ProbIndex *probindex, ProbIndex *tmp, float coin) {
     int n0 = 0;
     const float cutoff = (1.0f - topp) / (n - 1);
     for (int i = 0; i < n; i++)
         if (probabilities[i] >= cutoff) probindex[n0++] = (ProbIndex){probabilities[i], i};
-    qsort(probindex, n0, sizeof(ProbIndex), compare_prob);
+    // none: a flat distribution and topp under 1 / n, whose set is the most probable token alone
+    if (n0 == 0) return argmax_row(probabilities, n);
+    sort_by_prob(probindex, tmp, n0);
     float cumulative_prob = 0.0f;
     int last_idx = n0 - 1;
     for (int i = 0; i < n0; i++) {
@@ -1122,11 +1152,13 @@ static void build_sampler(Sampler *s, int vocab_size, float temperature, float t
     s->topp = topp;
     s->rng_state = seed;
     s->probindex = xcalloc(vocab_size, sizeof(ProbIndex));
+    s->sort_tmp = xcalloc(vocab_size, sizeof(ProbIndex));
     s->scratch = xcalloc(vocab_size, sizeof(float));
 }
 
 static void free_sampler(Sampler *s) {
     free(s->probindex);
+    free(s->sort_tmp);
     free(s->scratch);
 }
 
@@ -1139,7 +1171,7 @@ static int sample_host(Sampler *s, const float *row) {
     softmax(p, s->vocab_size);
     float coin = random_f32(&s->rng_state);
     if (s->topp <= 0 || s->topp >= 1) return sample_mult(p, s->vocab_size, coin);
-    return sample_topp(p, s->vocab_size, s->topp, s->probindex, coin);
+    return sample_topp(p, s->vocab_size, s->topp, s->probindex, s->sort_tmp, coin);
 }
 
 // Next token from one row of logits (on the executor). Greedy stays on the executor.

@@ -327,6 +327,71 @@ static void batch_tokens(int V, int *prompt, int n, int *tok, int count) {
     for (int i = 0; i < count; i++) tok[i] = (int)(random_u32(&rng_state) % V);
 }
 
+// Top-p's reference: the candidates ordered by qsort with a total order (probability descending,
+// then index), then the same cumulative walk as sample_topp.
+static int cmp_prob_then_index(const void *a, const void *b) {
+    const ProbIndex *x = a, *y = b;
+    if (x->prob != y->prob) return x->prob > y->prob ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+static int topp_ref(const float *p, int n, float topp, float coin) {
+    ProbIndex *c = talloc(n * sizeof(ProbIndex));
+    int n0 = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i] >= (1.0f - topp) / (n - 1)) c[n0++] = (ProbIndex){p[i], i};
+    qsort(c, n0, sizeof(ProbIndex), cmp_prob_then_index);
+    float cum = 0.0f;
+    int last = n0 - 1;
+    for (int i = 0; i < n0; i++)
+        if ((cum += c[i].prob) > topp) {
+            last = i;
+            break;
+        }
+    float r = coin * cum, cdf = 0.0f;
+    for (int i = 0; i <= last; i++)
+        if (r < (cdf += c[i].prob)) return c[i].index;
+    return c[last].index;
+}
+
+// sample_topp (radix-sorted candidates) == the qsort reference on fresh distributions: flat
+// (32000 logits of spread 0.1: nearly all kept), peaked (spread 3), with many exact ties (logits
+// on a grid of 0.5), and tiny vocabularies; top-p 0.5, 0.9, 0.99; coins across [0, 1).
+static void test_topp_sampling(void) {
+    int ns[] = {2, 3, 17, 512, 32000};
+    float spreads[] = {0.1f, 3.0f, -1.0f}, topps[] = {0.5f, 0.9f, 0.99f};
+    char what[200] = "";
+    int cases = 0, fail = 0;
+    for (int ni = 0; ni < 5 && !fail; ni++)
+        for (int si = 0; si < 3 && !fail; si++)
+            for (int rep = 0; rep < 4 && !fail; rep++) {
+                int n = ns[ni];
+                float *p = talloc(n * sizeof(float));
+                ProbIndex *pi = talloc(n * sizeof(ProbIndex)), *tmp = talloc(n * sizeof(ProbIndex));
+                for (int i = 0; i < n; i++) p[i] = spreads[si] > 0 ? spreads[si] * nrand() : 0.5f * (int)(4 * urand());
+                softmax(p, n);
+                for (int ti = 0; ti < 3 && !fail; ti++)
+                    for (int k = 0; k < 8 && !fail; k++, cases++) {
+                        float coin = k == 0 ? 0.0f : k == 7 ? 0.99999994f : urand();
+                        int got = sample_topp(p, n, topps[ti], pi, tmp, coin), want = topp_ref(p, n, topps[ti], coin);
+                        if (got != want) {
+                            snprintf(what, sizeof what, "n %d, spread %g, top-p %g, coin %g: token %d, reference %d", n,
+                                     spreads[si], topps[ti], coin, got, want);
+                            fail = 1;
+                        }
+                    }
+            }
+    check(!fail, "top-p sampling (radix sort) == qsort reference (flat, peaked, tied; n 2 to 32000)", "%s (%d cases)", what, cases);
+    // a uniform distribution with top-p under 1 / n: every token is under the cutoff (1 - p) / (n - 1);
+    // the set is then the first most probable token (no read before the candidates)
+    int n = 32000, got = -1;
+    float *p = talloc(n * sizeof(float));
+    ProbIndex *pi = talloc(n * sizeof(ProbIndex)), *tmp = talloc(n * sizeof(ProbIndex));
+    for (int i = 0; i < n; i++) p[i] = 1.0f / n;
+    got = sample_topp(p, n, 1e-6f, pi, tmp, 0.5f);
+    check(got == 0, "top-p 1e-6 over a uniform distribution: the first token", "token %d", got);
+    arena_free();
+}
+
 static void test_cpu_batch(void) {
     Config c = {64, 96, 2, 4, 2, 61, 48};
     for (int q = 0; q < 2; q++) {
@@ -1411,6 +1476,7 @@ int main(int argc, char **argv) {
         test_quantize_row();
         test_cpu_forward();
         test_cpu_batch();
+        test_topp_sampling();
         test_loaders();
         test_synthetic();
         test_bad_tokenizers();
