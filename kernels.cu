@@ -1150,8 +1150,8 @@ __device__ __forceinline__ int weighted_values(float *vacc, const float *att, co
 // of value rows (weighted_values). With one split it writes out directly; else it leaves (max,
 // sum, unnormalised head vector) in part for attention_combine_kernel. Splits past the last row
 // record an empty partial.
-//   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); shared (attention_smem_floats): q
-//   (hs), scores (chunk), the value groups' sums (kAttnThreads * 8).
+//   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); dynamic shared memory (floats,
+//   sized in gpu_attention): q (hs), the value groups' sums (kAttnValueFloats), scores (chunk).
 constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSplits = 64, kOneSplitLen = 1024;
 constexpr int kAttnValueFloats = kAttnThreads * 8;   // groups x hs <= threads x kElems <= threads x 8
 template <typename KV>
@@ -1239,12 +1239,13 @@ __device__ __forceinline__ void warp_keep_max(float &best, int &best_i) {
 }
 
 // Block r of kArgmaxThreads: the first index of the maximum of row r of v (rows of n floats), 0
-// if none is larger than -inf, into result[r]. Each thread scans float4s i, i + threads, ... in index order (strictly
-// larger replaces, so its first maximum stays), kArgmaxBatch of them loaded before any compare:
-// 32000 logits are then one round trip to memory, where a load per compare took 32 (11 us under
-// ncu on the H200). Unaligned v or a tail past n / 4 * 4: plain loads. Then the warps' bests meet.
-// feed (one row only): the result also becomes the next step's input, token inputs[1] at position inputs[0] + 1,
-// so that greedy decode steps can be queued before the host has read the token.
+// if none is larger than -inf, into result[r]. Each thread scans float4s i, i + threads, ... in
+// index order (strictly larger replaces, so its first maximum stays), kArgmaxBatch of them loaded
+// before any compare: 32000 logits are then one round trip to memory, where a load per compare
+// took 32 (11.4 against 4.0 us under ncu on the H200). Unaligned rows and the tail past n / 4 * 4:
+// plain loads. Then the warps' bests meet. feed (one row only): the result also becomes the next
+// step's input, token inputs[1] at position inputs[0] + 1, so that greedy decode steps can be
+// queued before the host has read the token.
 constexpr int kArgmaxThreads = 1024, kArgmaxBatch = 8;
 static_assert(kArgmaxThreads == 32 * 32, "argmax_kernel: its warps' bests are one warp's lanes");
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int *inputs, int feed, const float *__restrict__ v, int n) {

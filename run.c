@@ -558,7 +558,7 @@ static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logi
     }
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
     g->capturing = batch_step ? 2 : 1;
-    g->batch_graph_B = M;
+    if (batch_step) g->batch_graph_B = M;
     return 0;
 }
 
