@@ -1887,7 +1887,7 @@ extern "C" int gpu_argmax_wait(GpuCtx *g, int slot) {
 }
 
 extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
-    gpu_argmax_launch(g, v, n, 0);
-    gpu_argmax_fetch(g, 0);
-    return gpu_argmax_wait(g, 0);
+    int token;
+    gpu_argmax_rows(g, v, 1, n, &token);
+    return token;
 }

@@ -474,7 +474,7 @@ typedef struct {
     GpuGraph *graph;            // the captured decode step, once made
     GpuGraph *batch_graph;      // the captured step of a batch (forward_batch) of batch_graph_B sequences
     int batch_graph_B;
-    int capturing;              // 1: the decode step is being captured; 2: a batch step
+    GpuGraph **capture_into;    // while a step is being captured: &graph or &batch_graph; else NULL
     int decode_step;            // this forward is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
     // The fused path's RMSNorm, held back so that the next SIMT GEMV folds it in (its input is
@@ -557,7 +557,7 @@ static int gpu_op_begin(Exec *e, const int *tokens, int M, int pos, int all_logi
         return 1;
     }
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
-    g->capturing = batch_step ? 2 : 1;
+    g->capture_into = batch_step ? &g->batch_graph : &g->graph;
     if (batch_step) g->batch_graph_B = M;
     return 0;
 }
@@ -569,9 +569,9 @@ static void gpu_op_end(Exec *e) {
         gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
         g->argmax_ready = 1;
     }
-    if (!g->capturing) return;
-    GpuGraph **graph = g->capturing == 2 ? &g->batch_graph : &g->graph;
-    g->capturing = 0;
+    if (!g->capture_into) return;
+    GpuGraph **graph = g->capture_into;
+    g->capture_into = NULL;
     *graph = gpu_graph_end(g->ctx);
     gpu_graph_launch(g->ctx, *graph);   // now run what was recorded
 }
