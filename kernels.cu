@@ -1429,7 +1429,11 @@ extern "C" void gpu_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
 // cudaMemcpy from pageable memory may return before its last DMA lands, and the context's stream
 // does not wait for the legacy stream: synchronize so that kernels see the data.
+// cudaMemcpy runs on the legacy stream, which does not wait for the contexts' (non-blocking)
+// streams: without the first synchronize it could overwrite a buffer that kernels queued before
+// it have yet to read (seen in a test: a poisoned input read by the previous call's last kernel).
 extern "C" void gpu_upload(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaDeviceSynchronize());
 }

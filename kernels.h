@@ -31,7 +31,7 @@ void *gpu_stream(GpuCtx *g);   // its cudaStream_t, for timing with events
 
 void *gpu_alloc(size_t bytes);                                     // zero-filled
 void gpu_free(void *p);
-void gpu_upload(void *dst, const void *src, size_t bytes);         // synchronous
+void gpu_upload(void *dst, const void *src, size_t bytes);         // synchronous: after all queued work
 void gpu_download(GpuCtx *g, void *dst, const void *src, size_t bytes);   // waits for the stream
 void gpu_sync(GpuCtx *g);
 void gpu_copy(GpuCtx *g, void *dst, const void *src, size_t bytes);   // device to device, on the stream
