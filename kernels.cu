@@ -1203,19 +1203,31 @@ attention_kernel(float *__restrict__ out, float *__restrict__ part, const float 
 }
 
 // out[m, h] = sum_s e^(max_s - M) acc_s / sum_s e^(max_s - M) sum_s, M = max_s max_s: the splits'
-// partial softmaxes rescaled to one. Block (h, m), a thread per dimension.
-__global__ void attention_combine_kernel(float *__restrict__ out, const float *__restrict__ part, int n_heads,
-                                         int head_size, int splits) {
+// partial softmaxes rescaled to one. Block (h, m). Each split's max and sum are read once (thread
+// s) and its weight e^(max_s - M) kept in shared memory; then a thread per dimension sums over the
+// splits, its loads independent of each other. (Before: every thread walked the splits three
+// times, each walk a chain of dependent loads: 7.0-7.5 us a layer under ncu on the 7B at 16 splits.)
+constexpr int kCombineThreads = 128;
+__global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(float *__restrict__ out, const float *__restrict__ part,
+                                                                            int n_heads, int head_size, int splits) {
+    __shared__ float weight[kMaxSplits], red[32];
     pdl_wait_then_release();
-    const int h = blockIdx.x, m = blockIdx.y;
-    const float *p = part + ((size_t)m * n_heads + h) * splits * (2 + head_size);
-    float gmax = -INFINITY;
-    for (int s = 0; s < splits; s++) gmax = fmaxf(gmax, p[s * (2 + head_size)]);
+    const int h = blockIdx.x, m = blockIdx.y, stride = 2 + head_size;
+    const float *p = part + ((size_t)m * n_heads + h) * splits * stride;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, p[s * stride]);
+    const float gmax = block_reduce<true>(mx, red);
     float total = 0.0f;
-    for (int s = 0; s < splits; s++) total += p[s * (2 + head_size) + 1] * expf(p[s * (2 + head_size)] - gmax);
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float w = expf(p[s * stride] - gmax);
+        weight[s] = w;
+        total += p[s * stride + 1] * w;
+    }
+    total = block_reduce<false>(total, red);   // its barriers also publish weight
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < splits; s++) acc += p[s * (2 + head_size) + 2 + d] * expf(p[s * (2 + head_size)] - gmax);
+#pragma unroll 8
+        for (int s = 0; s < splits; s++) acc += p[s * stride + 2 + d] * weight[s];
         out[(size_t)m * n_heads * head_size + h * head_size + d] = acc / total;
     }
 }
@@ -1857,7 +1869,7 @@ extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q
                (const float *)key_cache, (const float *)value_cache, (const int *)g->inputs, n_heads, n_kv_heads, head_size,
                chunk, seq_stride);
     if (splits > 1)
-        launch(g, "attention_combine_kernel", attention_combine_kernel, dim3(n_heads, M), dim3(head_size), 0, out,
+        launch(g, "attention_combine_kernel", attention_combine_kernel, dim3(n_heads, M), dim3(kCombineThreads), 0, out,
                (const float *)part, n_heads, head_size, splits);
 }
 
