@@ -1439,11 +1439,11 @@ extern "C" void *gpu_alloc(size_t bytes) {
 
 extern "C" void gpu_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
-// cudaMemcpy from pageable memory may return before its last DMA lands, and the context's stream
-// does not wait for the legacy stream: synchronize so that kernels see the data.
-// cudaMemcpy runs on the legacy stream, which does not wait for the contexts' (non-blocking)
-// streams: without the first synchronize it could overwrite a buffer that kernels queued before
-// it have yet to read (seen in a test: a poisoned input read by the previous call's last kernel).
+// cudaMemcpy runs on the legacy stream, which the contexts' (non-blocking) streams are not ordered
+// against, either way: the first synchronize lets every kernel queued before finish reading dst
+// (without it a test's poisoned input landed before the previous call's last kernel read it); the
+// second, because a copy from pageable memory may return before its last DMA lands, lets the
+// kernels queued after see the data.
 extern "C" void gpu_upload(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
