@@ -1153,6 +1153,13 @@ __device__ __forceinline__ int weighted_values(float *vacc, const float *att, co
 //   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); dynamic shared memory (floats,
 //   sized in gpu_attention): q (hs), the value groups' sums (kAttnValueFloats), scores (chunk).
 constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSplits = 64, kOneSplitLen = 1024;
+// Rows per split for one token (decode): the position grows one row a step, and a short one in a
+// long context leaves most blocks of 256-row splits empty and the rest long chains; 64-row splits
+// spread it over 4x the blocks. Measured on the H200 (7B, context 4096, bench/NOTES.md 28): decode
+// 301.9 / 279.3 tok/s over 256 / 2048 positions against 298.8 / 266.5 with 256 rows; 128 rows
+// 301.0 / 278.2. Prefill keeps 256: there every token's splits are blocks too (5701 against
+// 9860 tok/s for a 450-token prompt with 64).
+constexpr int kAttnChunkDecode = 64;
 constexpr int kAttnValueFloats = kAttnThreads * 8;   // groups x hs <= threads x kElems <= threads x 8
 template <typename KV>
 __global__ void __launch_bounds__(kAttnThreads)
@@ -1837,23 +1844,27 @@ extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, vo
 
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }
 
-// Rows per split: all of them up to a context of kOneSplitLen (one block per head is enough there,
-// and the combine kernel is saved); else 256, or more where 256 would need over kMaxSplits
-// splits. Fixed by seq_len, not by the position, so that a captured step replays at every
-// position (splits past it are empty).
-static int attention_chunk(int seq_len) {
+// Rows per split for M tokens: all of them up to a context of kOneSplitLen (one block per head is
+// enough there, and the combine kernel is saved); else kAttnChunk (one token: kAttnChunkDecode),
+// or more where that would need over kMaxSplits splits. Fixed by seq_len, not by the position, so
+// that a captured step replays at every position (splits past it are empty).
+static int attention_chunk(int seq_len, int M) {
+    const int rows = M == 1 ? kAttnChunkDecode : kAttnChunk;
     if (seq_len <= kOneSplitLen) return seq_len;   // short contexts: no combine launch
-    return seq_len <= kAttnChunk * kMaxSplits ? kAttnChunk : ceil_div_i(seq_len, kMaxSplits);
+    return seq_len <= rows * kMaxSplits ? rows : ceil_div_i(seq_len, kMaxSplits);
 }
 
+// Enough for up to M tokens, and for one token's finer splits.
 extern "C" size_t gpu_attention_part_floats(int M, int n_heads, int head_size, int seq_len) {
-    return (size_t)M * n_heads * ceil_div_i(seq_len, attention_chunk(seq_len)) * (2 + head_size);
+    const size_t batch = (size_t)M * ceil_div_i(seq_len, attention_chunk(seq_len, M)),
+                 one = (size_t)ceil_div_i(seq_len, attention_chunk(seq_len, 1));
+    return (batch > one ? batch : one) * n_heads * (2 + head_size);
 }
 
 extern "C" void gpu_attention(GpuCtx *g, float *out, float *part, const float *q, const void *key_cache,
                               const void *value_cache, int M, int n_heads, int n_kv_heads, int head_size, int seq_len,
                               int kv_half, size_t seq_stride) {
-    const int chunk = attention_chunk(seq_len), splits = ceil_div_i(seq_len, chunk);
+    const int chunk = attention_chunk(seq_len, M), splits = ceil_div_i(seq_len, chunk);
     const size_t smem = (size_t)(head_size + kAttnValueFloats + chunk) * sizeof(float);
     if (head_size > kMaxHeadSize || smem > kMaxSmem) {
         fprintf(stderr, "run: attention: head size %d (at most %d) or context %d too large\n", head_size, kMaxHeadSize, seq_len);
