@@ -8,6 +8,7 @@
 //   embed_kernel, rmsnorm_kernel, rope_store_kernel (KV cache FP16 or FP32),
 //   attention_kernel + attention_combine_kernel (split over the sequence, flash-decoding style),
 //   swiglu_kernel, argmax_kernel      the rest of the forward pass
+//   sample_kernel      llama2.c's top-p / multinomial sampling of rows of logits
 //   to_half_kernel     weights to FP16 for the cuBLAS FP16 baseline (--fp16)
 // Every kernel is launched with programmatic dependent launch (PDL) allowed: it may start while the
 // kernel before it drains, and waits (griddepcontrol.wait) before it touches anything that kernel
@@ -19,6 +20,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1306,6 +1308,194 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int
     }
 }
 
+// ----------------------------------------------------------------------------
+// Sampling on the device: llama2.c's procedure (run.c sample_host), one block per row, so that a
+// sampled step sends one int a sequence to the host instead of a row of logits. The row's
+// probabilities live in shared memory; top-p needs no sort: the token where the running sum in
+// descending order (equal probabilities by index) first exceeds a target is found by a binary
+// search over the probabilities' bits (non-negative floats order as their bits), each step one
+// pass over the row and a block sum. Sums are in a fixed tree order, so a seed gives the same
+// tokens every run; against the host's sequential sums they differ only where the coin or top-p
+// falls within rounding of a token's boundary.
+
+constexpr int kSampleThreads = 1024;
+constexpr uint32_t kProbBitsEnd = 0x3f800001u;   // past 1.0f's bits: no probability reaches it
+
+struct SampleArgs {
+    const float *logits;   // (rows, n)
+    int *result;           // (rows)
+    int n;
+    float temperature, topp;
+    float coin[kMaxArgmaxRows];   // each row's uniform draw in [0, 1)
+};
+
+// The block's sum of the row's probabilities whose bits are at least t (every thread gets it).
+__device__ float sum_from(const float *p, int n, uint32_t t, float *red) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (__float_as_uint(p[i]) >= t) s += p[i];
+    return block_reduce<false>(s, red);
+}
+
+// The bits of the largest probability v whose tokens, with every larger one, sum to more than
+// target (0 where none does): the value at which the descending running sum crosses target.
+__device__ uint32_t crossing_value(const float *p, int n, float target, float *red) {
+    uint32_t lo = 0, hi = kProbBitsEnd;   // sum_from(hi) <= target; sum_from(lo) > target, or lo = 0
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (sum_from(p, n, mid, red) > target) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// A place in the descending order: the value's bits, and how many tokens of that value (by index)
+// come before it.
+struct ProbRank {
+    uint32_t bits;
+    int rank;
+};
+
+// The sum of the probabilities above value bits v, and the number equal to it.
+__device__ void above_and_ties(const float *p, int n, uint32_t v, float *red, float *above, int *ties) {
+    float s = 0.0f, t = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const uint32_t b = __float_as_uint(p[i]);
+        if (b > v) s += p[i];
+        else if (b == v) t += 1.0f;
+    }
+    *above = block_reduce<false>(s, red);
+    *ties = (int)block_reduce<false>(t, red);   // exact: n < 2^24
+}
+
+// Where the descending running sum first exceeds target, and that sum (*cum, added one token at a
+// time through the tied ones, as the host does). false where the whole row does not exceed it.
+__device__ bool locate(const float *p, int n, float target, float *red, ProbRank *at, float *cum) {
+    const uint32_t v = crossing_value(p, n, target, red);
+    const float value = __uint_as_float(v);
+    float above;
+    int ties;
+    above_and_ties(p, n, v, red, &above, &ties);
+    if (ties == 0) return false;
+    int rank = 0;
+    if (ties > 64 && value > 0.0f) {   // skip most of a long run of ties (a flat row), then step
+        const float skip = floorf((target - above) / value) - 2.0f;
+        rank = skip < 0.0f ? 0 : skip > (float)(ties - 1) ? ties - 1 : (int)skip;
+    }
+    float s = above + value * (float)(rank + 1);
+    while (rank < ties - 1 && !(s > target)) s += value, rank++;
+    *at = ProbRank{v, rank}, *cum = s;
+    return s > target;
+}
+
+// The index of the token of probability bits v that comes rank-th (from 0) among those equal to
+// it, in index order; 0 if there is none (a row with NaN). found: shared.
+__device__ int tie_index(const float *p, int n, ProbRank at, int *warp_counts, int *found) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    if (threadIdx.x == 0) *found = 0;
+    int seen = 0;   // ties in the chunks before this one
+    for (int base = 0; base < n && seen <= at.rank; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const bool tie = i < n && __float_as_uint(p[i]) == at.bits;
+        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+        __syncthreads();   // warp_counts of the previous chunk read by all
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = seen, chunk = 0;
+        for (int w = 0; w < n_warps; w++) before += w < warp ? warp_counts[w] : 0, chunk += warp_counts[w];
+        if (tie && before + __popc(ballot & ((1u << lane) - 1)) == at.rank) *found = i;
+        seen += chunk;
+    }
+    __syncthreads();
+    return *found;
+}
+
+// llama2.c's sample_topp: the smallest set of most probable tokens whose sum exceeds topp, then the
+// token where the running sum in that order first exceeds coin times the set's sum.
+__device__ int sample_nucleus(const float *p, int n, float topp, float coin, float *red, int *warp_counts, int *found) {
+    ProbRank last;   // the set's last token
+    float cum;
+    if (!locate(p, n, topp, red, &last, &cum)) {
+        // rounding: the row sums to no more than topp; the host then keeps every token of at least
+        // (1 - topp) / (n - 1), the last of them the smallest, its last tie
+        const float cutoff = (1.0f - topp) / (n - 1);
+        float least = INFINITY;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            if (p[i] >= cutoff) least = fminf(least, p[i]);
+        least = -block_reduce<true>(-least, red);
+        float above;
+        int ties;
+        above_and_ties(p, n, __float_as_uint(least), red, &above, &ties);
+        last = ProbRank{__float_as_uint(least), ties > 0 ? ties - 1 : 0};
+        cum = above + least * (float)ties;
+    }
+    ProbRank at;
+    float unused;
+    const bool inside = locate(p, n, coin * cum, red, &at, &unused) &&
+                        (at.bits > last.bits || (at.bits == last.bits && at.rank <= last.rank));
+    return tie_index(p, n, inside ? at : last, warp_counts, found);
+}
+
+// llama2.c's sample_mult: the first token, in index order, where the running sum exceeds coin (the
+// last if rounding leaves none). Each thread takes a contiguous range (odd length: no two of a
+// warp's threads on one shared-memory bank), then an exclusive scan of the ranges' sums.
+__device__ int sample_in_order(const float *p, int n, float coin, float *red, int *found) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int per = ((n + blockDim.x - 1) / blockDim.x) | 1, begin = min(n, threadIdx.x * per), end = min(n, begin + per);
+    float mine = 0.0f;
+    for (int i = begin; i < end; i++) mine += p[i];
+    float inclusive = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += up;
+    }
+    __syncthreads();   // red free
+    if (lane == 31) red[warp] = inclusive;
+    if (threadIdx.x == 0) *found = INT_MAX;
+    __syncthreads();
+    const float before_lane = __shfl_up_sync(0xffffffffu, inclusive, 1);
+    float cdf = lane == 0 ? 0.0f : before_lane;
+    for (int w = 0; w < warp; w++) cdf += red[w];
+    for (int i = begin; i < end; i++) {
+        cdf += p[i];
+        if (coin < cdf) {
+            atomicMin(found, i);
+            break;
+        }
+    }
+    __syncthreads();
+    return *found == INT_MAX ? n - 1 : *found;
+}
+
+// Block r: a token sampled from row r of the logits at the temperature (> 0), with top-p where
+// 0 < topp < 1, else from the whole distribution. Dynamic shared memory: n floats.
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
+    extern __shared__ float p[];   // (n) the row's probabilities
+    __shared__ float red[32];
+    __shared__ int warp_counts[32], found;
+    pdl_wait_then_release();
+    const int n = a.n;
+    const float *logits = a.logits + (size_t)blockIdx.x * n;
+    float most = -INFINITY;   // softmax as the host's: logits / temperature, max, exp, sum, divide
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        p[i] = logits[i] / a.temperature;
+        most = fmaxf(most, p[i]);
+    }
+    most = block_reduce<true>(most, red);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        p[i] = expf(p[i] - most);
+        sum += p[i];
+    }
+    sum = block_reduce<false>(sum, red);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] /= sum;
+    __syncthreads();
+    const float coin = a.coin[blockIdx.x];
+    const int token = a.topp > 0.0f && a.topp < 1.0f ? sample_nucleus(p, n, a.topp, coin, red, warp_counts, &found)
+                                                     : sample_in_order(p, n, coin, red, &found);
+    if (threadIdx.x == 0) a.result[blockIdx.x] = token;
+}
+
 // dst (N, K) FP16 dense = W (INT8 dequantized, or FP32 rounded): the FP16 baseline's weights.
 __global__ void to_half_kernel(__half *__restrict__ dst, int N, int K, int stride, int groups, int gs,
                                const int8_t *__restrict__ q, const float *__restrict__ s, const float *__restrict__ f) {
@@ -1400,6 +1590,7 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     if (half_floats) CUDA_CHECK(cudaMalloc(&g->x_half, half_floats * sizeof(__half)));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+    CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     g->pdl = 1;
     g->prefetch_bytes = getenv("RUN_PREFETCH_BYTES") ? atoi(getenv("RUN_PREFETCH_BYTES")) : kPrefetchBytes;
     g->late_release = getenv("RUN_PDL_LATE") && atoi(getenv("RUN_PDL_LATE"));
@@ -1917,4 +2108,21 @@ extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
     int token;
     gpu_argmax_rows(g, v, 1, n, &token);
     return token;
+}
+
+extern "C" int gpu_sample_supported(int n) { return n >= 1 && (size_t)n * sizeof(float) <= kMaxSmem; }
+
+extern "C" void gpu_sample_rows(GpuCtx *g, const float *logits, int rows, int n, float temperature, float topp,
+                                const float *coins, int *out) {
+    if (rows < 1 || rows > kMaxArgmaxRows || !gpu_sample_supported(n) || !(temperature > 0.0f)) {
+        fprintf(stderr, "run: sampling %d rows (1 to %d) of %d logits (at most %d) at temperature %g\n", rows,
+                kMaxArgmaxRows, n, (int)(kMaxSmem / sizeof(float)), temperature);
+        exit(1);
+    }
+    SampleArgs a = {logits, g->argmax, n, temperature, topp, {0}};
+    memcpy(a.coin, coins, rows * sizeof(float));
+    launch(g, "sample_kernel", sample_kernel, dim3(rows), dim3(kSampleThreads), n * sizeof(float), a);
+    CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    memcpy(out, g->argmax_rows_host, rows * sizeof(int));
 }

@@ -90,6 +90,9 @@ typedef struct {
     const float *(*to_host)(Exec *e, const float *logits, int rows);           // logits readable by the host
     int (*argmax)(Exec *e, const float *logits);                                // greedy token of one row
     void (*argmax_rows)(Exec *e, const float *logits, int rows, int *out);     // greedy tokens of rows (a batch)
+    // Optional: sampled tokens of rows (at most MAX_SEQS) by llama2.c's procedure, coins[r] row r's
+    // draw; 0, or -1 (nothing done) where the executor cannot and the host must.
+    int (*sample_rows)(Exec *e, const float *logits, int rows, float temperature, float topp, const float *coins, int *out);
     // Optional: greedy decoding from logits (of position pos) on, pipelined by the executor itself.
     // Each token goes to on_token (non-zero stops with -1); stops after BOS or at position steps.
     // Returns the tokens generated, -1, or NOT_PIPELINED where the caller should loop itself.
@@ -319,7 +322,7 @@ static void cpu_release(Exec *e) {
 }
 
 static const Ops cpu_ops = {"cpu", NULL, NULL, cpu_embed, cpu_rmsnorm, cpu_matmul, qkv_by_matmul, cpu_ffn_up,
-                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_argmax_rows, NULL, cpu_copy_cache, cpu_release};
+                            cpu_rope_store, cpu_attention, cpu_to_host, cpu_argmax, cpu_argmax_rows, NULL, NULL, cpu_copy_cache, cpu_release};
 
 // Sizes of the RunState buffers, in floats, shared by both executors' allocations.
 typedef struct {
@@ -481,6 +484,7 @@ typedef struct {
     // then `in`, normalised on the fly): out = rmsnorm(in) * w, M rows; w NULL when none is held.
     struct { float *out; const float *in, *w; int M; } norm;
     int no_norm_fold;           // RUN_NO_NORM_FOLD=1: every RMSNorm as its own kernel (comparison)
+    int host_sample;            // RUN_HOST_SAMPLE=1: sampled tokens on the host (comparison)
 } GpuExec;
 
 #define GPU(e) ((GpuExec *)(e)->priv)
@@ -676,6 +680,15 @@ static void gpu_op_argmax_rows(Exec *e, const float *logits, int rows, int *out)
     gpu_argmax_rows(GPU(e)->ctx, logits, rows, e->cfg.vocab_size, out);
 }
 
+// Sampling on the device: one int a row crosses to the host instead of the row's logits.
+static int gpu_op_sample_rows(Exec *e, const float *logits, int rows, float temperature, float topp, const float *coins,
+                              int *out) {
+    GpuExec *g = GPU(e);
+    if (g->host_sample || !gpu_sample_supported(e->cfg.vocab_size)) return -1;
+    gpu_sample_rows(g->ctx, logits, rows, e->cfg.vocab_size, temperature, topp, coins, out);
+    return 0;
+}
+
 // Greedy decode with the step replayed as a graph whose argmax feeds the next step's input on the
 // device: step p + 1 is queued before step p's token is read, so the GPU never waits for the host
 // (printing, the next launch). A step queued past a BOS is computed and discarded.
@@ -729,16 +742,16 @@ static void gpu_op_release(Exec *e) {
 
 static const Ops gpu_fused_ops = {"gpu int8 fused", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm_held,
                                   gpu_op_matmul_fused, gpu_op_qkv_rope_fused, gpu_op_ffn_up_fused, NULL,
-                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                  gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_sample_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_unfused_ops = {"gpu int8 unfused (dequant + cuBLAS)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                     gpu_op_rmsnorm, gpu_op_matmul_unfused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                    gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_sample_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp32_ops = {"gpu fp32 cuBLAS", gpu_op_begin, gpu_op_end, gpu_op_embed, gpu_op_rmsnorm,
                                  gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate, gpu_op_rope_store,
-                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                 gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_sample_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 static const Ops gpu_fp16_ops = {"gpu fp16 cuBLAS (weights converted at load)", gpu_op_begin, gpu_op_end, gpu_op_embed,
                                  gpu_op_rmsnorm, gpu_op_matmul_fused, qkv_by_matmul, gpu_op_ffn_up_separate,
-                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
+                                 gpu_op_rope_store, gpu_op_attention, gpu_op_to_host, gpu_op_argmax, gpu_op_argmax_rows, gpu_op_sample_rows, gpu_op_decode_greedy, gpu_op_copy_cache, gpu_op_release};
 
 // Largest linear weight, and all of them together, in elements (the unfused and FP16 paths).
 static size_t largest_mat(const Model *m, size_t *all_elems) {
@@ -820,6 +833,7 @@ static int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     g->opt = opt;
     gpu_set_pdl(g->ctx, opt.pdl);
     g->no_norm_fold = getenv("RUN_NO_NORM_FOLD") && !strcmp(getenv("RUN_NO_NORM_FOLD"), "1");
+    g->host_sample = getenv("RUN_HOST_SAMPLE") && !strcmp(getenv("RUN_HOST_SAMPLE"), "1");
     g->d_map = gpu_alloc(m->map_bytes);
     gpu_upload(g->d_map, m->map, m->map_bytes);
     if (m->owned_bytes) {
@@ -1174,9 +1188,27 @@ static int sample_host(Sampler *s, const float *row) {
     return sample_topp(p, s->vocab_size, s->topp, s->probindex, s->sort_tmp, coin);
 }
 
-// Next token from one row of logits (on the executor). Greedy stays on the executor.
+// Rows of logits sampled on the executor where it can, each row's coin drawn from its sampler as
+// sample_host draws it (none for a row marked in skip, whose token is unused): 0, or -1 with the
+// samplers untouched. The samplers share one temperature (> 0) and top-p.
+static int sample_on_executor(Exec *e, Sampler *samplers, int rows, const int *skip, const float *logits, int *out) {
+    float coins[MAX_SEQS];
+    unsigned long long saved[MAX_SEQS];
+    if (!e->ops->sample_rows || rows > MAX_SEQS) return -1;
+    for (int r = 0; r < rows; r++) {
+        saved[r] = samplers[r].rng_state;
+        coins[r] = skip && skip[r] ? 0.0f : random_f32(&samplers[r].rng_state);
+    }
+    if (e->ops->sample_rows(e, logits, rows, samplers[0].temperature, samplers[0].topp, coins, out) == 0) return 0;
+    for (int r = 0; r < rows; r++) samplers[r].rng_state = saved[r];
+    return -1;
+}
+
+// Next token from one row of logits, on the executor where it can (greedy always).
 static int sample(Sampler *s, Exec *e, const float *logits) {
     if (s->temperature == 0.0f) return e->ops->argmax(e, logits);
+    int token;
+    if (sample_on_executor(e, s, 1, NULL, logits, &token) == 0) return token;
     return sample_host(s, e->ops->to_host(e, logits, 1));
 }
 
@@ -1336,11 +1368,11 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
         const float *logits = forward_batch(e, next, B, pos);   // a stopped slot runs BOS, unused
         if (greedy) {
             e->ops->argmax_rows(e, logits, B, next);
-            for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : next[b];
-        } else {
+        } else if (sample_on_executor(e, samplers, B, stopped, logits, next)) {
             host = e->ops->to_host(e, logits, B);
             for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : sample_host(&samplers[b], host + (size_t)b * V);
         }
+        for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : next[b];
     }
     long t2 = time_in_us();
     for (int b = 0; b < B; b++) {

@@ -68,9 +68,7 @@ p512=$(prompt_of 512)
 awk '/decode/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s," && $(i-1) == "prefill") p = $i; if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i; if ($i == "prompt") n = $(i+1) }
     printf "7b prefill of %d tokens: %.1f tok/s; decode (one token per forward) %.1f tok/s: %.1fx\n", n, p, d, p / d }' "$out/run.err"
 # batched decode: B sequences together, aggregate and per-sequence tokens/s (bench/out/batch.csv);
-# greedy (the argmax on the GPU). Sampled (-t 0.8) the host's top-p over 32000 logits a sequence
-# a step takes most of the time (B = 16 on the H200: 272 tok/s aggregate with qsort, 891-946 with
-# the radix sort, against 3214 greedy): one sampled row after the sweep.
+# greedy (the argmax on the GPU).
 echo "B,aggregate,per_sequence" > "$out/batch.csv"
 for B in 1 2 4 8 16 32 64; do
     ./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0 -s 1 --batch $B > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
@@ -78,9 +76,17 @@ for B in 1 2 4 8 16 32 64; do
     else awk -v B=$B '/^batch/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") a = $i; if ($(i+1) == "tok/s" && $(i+2) == "per") p = $i }
         print B "," a "," p }' "$out/run.err"; fi
 done | tee -a "$out/batch.csv" | awk -F, '{ printf "7b --batch %-3s %9.1f tok/s aggregate, %8.1f per sequence\n", $1, $2, $3 }'
-# the same batch sampled: each sequence's top-p on the host (32000 logits to it a step)
-./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0.8 -s 1 --batch 16 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
-awk '/^batch/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") printf "7b --batch 16 sampled (-t 0.8, top-p 0.9 on the host) %.1f tok/s aggregate\n", $i }' "$out/run.err"
+# sampled (-t 0.8, top-p 0.9): the tokens drawn on the GPU (one int a sequence to the host), and
+# with RUN_HOST_SAMPLE=1 on the host (the 32000 logits of each sequence to it a step)
+sampled() {   # label, extra flags, environment
+    env $3 ./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0.8 -s 1 $2 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
+    awk -v label="$1" '/decode/ || /^batch/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i; if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") a = $i } }
+        END { printf "7b sampled (-t 0.8, top-p 0.9), %s: %.1f tok/s%s\n", label, a ? a : d, a ? " aggregate" : "" }' "$out/run.err"
+}
+sampled "batch 1, on the GPU" "" ""
+sampled "batch 1, on the host" "" RUN_HOST_SAMPLE=1
+sampled "--batch 16, on the GPU" "--batch 16" ""
+sampled "--batch 16, on the host" "--batch 16" RUN_HOST_SAMPLE=1
 # speedups of the default fused path over the baselines, same run
 awk -F'|' '{ t[$1] = $4 } END {
     f = t["7b int8 fused (graph, PDL, FP16 KV)"]

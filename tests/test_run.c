@@ -1044,6 +1044,114 @@ static void test_gpu_argmax(void) {
     check(!fail, "gpu argmax of 1, 7, 64 rows == each row's first maximum", "%s", what);
 }
 
+// Where the host's sampling of row (n logits) puts the token `got`, and whether that is within
+// rounding of its own choice: run.c's softmax, sort and running sums, the token accepted if it is
+// the host's or if moving the coin's point (or top-p) by at most tol in probability reaches it.
+// *exact: got is the host's token.
+static int sample_within(const float *row, int n, float temperature, float topp, float coin, int got, double tol, int *exact) {
+    float *p = malloc(n * sizeof(float));
+    ProbIndex *items = malloc(n * sizeof(ProbIndex)), *tmp = malloc(n * sizeof(ProbIndex));
+    for (int i = 0; i < n; i++) p[i] = row[i] / temperature;
+    softmax(p, n);
+    const int top_p = topp > 0 && topp < 1;
+    *exact = got == (top_p ? sample_topp(p, n, topp, items, tmp, coin) : sample_mult(p, n, coin));
+    int n0 = 0, ok = 0;
+    if (top_p) {   // the host's candidates, sorted
+        for (int i = 0; i < n; i++)
+            if (p[i] >= (1.0f - topp) / (n - 1)) items[n0++] = (ProbIndex){p[i], i};
+        sort_by_prob(items, tmp, n0);
+    } else {
+        for (int i = 0; i < n; i++) items[n0++] = (ProbIndex){p[i], i};
+    }
+    double *cdf = malloc((n0 + 1) * sizeof(double));   // the host's float running sums
+    float c = 0.0f;
+    int last = n0 - 1, at = -1;
+    for (int i = 0; i < n0; i++) {
+        cdf[i] = c += items[i].prob;
+        if (last == n0 - 1 && top_p && c > topp) last = i;
+        if (items[i].index == got) at = i;
+    }
+    if (n0 == 0) ok = *exact;   // the host's argmax case
+    else if (at >= 0) {
+        int last_wide = n0 - 1;   // the set with top-p raised by tol
+        for (int i = 0; i < n0 && top_p; i++)
+            if (cdf[i] > topp + tol) {
+                last_wide = i;
+                break;
+            }
+        const double r = top_p ? coin * cdf[last] : coin, lo = at ? cdf[at - 1] : 0.0;
+        ok = at <= last_wide && r >= lo - tol && r < cdf[at] + tol;
+    }
+    free(p), free(items), free(tmp), free(cdf);
+    return ok || *exact;
+}
+
+// gpu_sample_rows against the host's sampling of the same logits and coins: row lengths from 1 to
+// gpu_sample_supported's limit, peaked and flat rows, rows of many equal logits (ties taken by
+// index), one token holding nearly all the mass; temperatures below and above 1; top-p off (0, 1),
+// moderate and near 1; 16 rows a launch, and one launch of 64. Every token must be within 1e-3
+// of the host's choice in probability (the two sum in different orders), and at least 98% equal.
+// A row with a NaN must still give an index inside it.
+static void test_gpu_sample(void) {
+    int ns[] = {1, 2, 97, 512, 4099, 32000, 51200}, trials = 0, equal = 0;
+    float temps[] = {0.6f, 1.0f, 1.5f}, topps[] = {0.0f, 0.5f, 0.9f, 0.99f, 1.0f};
+    const char *fail = NULL;
+    char what[240] = "";
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0] && !fail; ni++)
+        for (int kind = 0; kind < 4 && !fail; kind++)
+            for (int ti = 0; ti < 3 && !fail; ti++)
+                for (int pi = 0; pi < 5 && !fail; pi++) {
+                    const int n = ns[ni], rows = ni == 5 && kind == 0 && ti == 1 && pi == 2 ? 64 : 16;
+                    float *v = xcalloc((size_t)rows * n, sizeof(float)), coins[64];
+                    int got[64];
+                    for (int r = 0; r < rows; r++) {
+                        float *row = v + (size_t)r * n;
+                        for (int i = 0; i < n; i++)
+                            row[i] = kind == 0 ? 4.0f * nrand() : kind == 1 ? 0.05f * nrand()
+                                   : kind == 2 ? (float)(random_u32(&rng_state) % 4) : nrand();
+                        if (kind == 3) row[random_u32(&rng_state) % n] = 30.0f;
+                        coins[r] = urand();
+                        got[r] = -1;
+                    }
+                    float *d = dev_put(v, (size_t)rows * n * sizeof(float));
+                    gpu_sample_rows(gctx, d, rows, n, temps[ti], topps[pi], coins, got);
+                    gpu_free(d);
+                    for (int r = 0; r < rows && !fail; r++) {
+                        int exact = 0;
+                        trials++;
+                        if (got[r] < 0 || got[r] >= n ||
+                            !sample_within(v + (size_t)r * n, n, temps[ti], topps[pi], coins[r], got[r], 1e-3, &exact)) {
+                            snprintf(what, sizeof what, "n %d, row kind %d, temperature %g, top-p %g, coin %.6f: token %d, not the host's choice (%s)",
+                                     n, kind, temps[ti], topps[pi], coins[r], got[r], got[r] < 0 || got[r] >= n ? "out of range" : "nor within 1e-3 of it");
+                            fail = what;
+                        }
+                        equal += exact;
+                    }
+                    free(v);
+                }
+    if (!fail && !(equal >= 0.98 * trials)) {
+        snprintf(what, sizeof what, "%d of %d tokens equal to the host's", equal, trials);
+        fail = what;
+    }
+    for (int t = 0; t < 2 && !fail; t++) {   // NaN in the row: any token inside it
+        const int n = 1000;
+        float *v = talloc(n * sizeof(float)), coin = urand();
+        int got = -1;
+        for (int i = 0; i < n; i++) v[i] = nrand();
+        v[random_u32(&rng_state) % n] = NAN;
+        float *d = dev_put(v, n * sizeof(float));
+        gpu_sample_rows(gctx, d, 1, n, 1.0f, t ? 0.9f : 1.0f, &coin, &got);
+        gpu_free(d);
+        if (got < 0 || got >= n) {
+            snprintf(what, sizeof what, "a row with a NaN, top-p %s: token %d", t ? "0.9" : "off", got);
+            fail = what;
+        }
+    }
+    char name[200];
+    snprintf(name, sizeof name, "gpu sampling == host sampling of the same logits and coins (%d of %d equal; 7 lengths x 4 kinds x 3 temperatures x 5 top-p)", equal, trials);
+    check(!fail, name, "%s", what);
+}
+
 static void test_gpu_linear(void) {
     const int tma = gpu_set_gemv_tma(gctx, 1);   // M = 1 through the copy-engine GEMV, where this GPU has it
     // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
@@ -1350,6 +1458,31 @@ static void test_gpu_long_context(void) {
     compare_executors("random model, head size 128, context 600 int8 gs64", q8, 600, 530, 0);
 }
 
+// Sampled generation on stories260K with the tokens sampled on the device against the same run
+// sampling on the host (RUN_HOST_SAMPLE=1): identical logits either way, so identical text unless a
+// coin falls within rounding of a token's boundary (the test fails if one ever does for these
+// seeds). One sequence with top-p and without, and a --batch of 4.
+static void test_gpu_sampled_text(void) {
+    const char *q8 = model_path("stories260K_q8.bin"), *tok = model_path("tok512.bin");
+    const char *flags[] = {"-t 0.8 -s 11", "-t 1.0 --top-p 0 -s 12", "-t 0.9 --top-p 0.95 -s 13 --batch 4 -p Once"};
+    if (!file_exists(q8) || !file_exists(tok)) {
+        skip("gpu sampled text", "models/stories260K_q8.bin or models/tok512.bin not present");
+        return;
+    }
+    for (int f = 0; f < 3; f++) {
+        char *dev = tpath("sample_dev.txt"), *host = tpath("sample_host.txt"), name[160];
+        int a = sh("./run %s -z %s -n 200 %s > %s 2>/dev/null", q8, tok, flags[f], dev);
+        int b = sh("RUN_HOST_SAMPLE=1 ./run %s -z %s -n 200 %s > %s 2>/dev/null", q8, tok, flags[f], host);
+        size_t la = 0, lb = 0;
+        char err[ERR_LEN];
+        char *ta = read_file(dev, 1 << 20, &la, err), *tb = read_file(host, 1 << 20, &lb, err);
+        snprintf(name, sizeof name, "gpu sampled text (%s) == the same run sampling on the host", flags[f]);
+        check(a == 0 && b == 0 && ta && tb && la > 100 && la == lb && !memcmp(ta, tb, la), name,
+              "exit %d / %d, %zu / %zu bytes", a, b, la, lb);
+        free(ta), free(tb);
+    }
+}
+
 // The real checkpoints, and two layers of Llama-2-7B's shapes.
 static void test_gpu_real_models(void) {
     char *q8 = tpath("stories_q8.bin");
@@ -1426,6 +1559,7 @@ static void test_gpu(void) {
         gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
         test_gpu_linear();
         test_gpu_argmax();
+        test_gpu_sample();
         gpu_destroy(gctx);
     }
     if (!gpu_part || !strcmp(gpu_part, "batch")) {
@@ -1436,7 +1570,7 @@ static void test_gpu(void) {
     const int models = !gpu_part || !strcmp(gpu_part, "models");
     if (models || !strcmp(gpu_part, "random")) test_gpu_random_models();
     if (models || !strcmp(gpu_part, "long")) test_gpu_long_context();
-    if (models || !strcmp(gpu_part, "real")) test_gpu_real_models();
+    if (models || !strcmp(gpu_part, "real")) test_gpu_real_models(), test_gpu_sampled_text();
 }
 #else
 static void test_gpu(void) {
