@@ -1311,15 +1311,16 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int
 // ----------------------------------------------------------------------------
 // Sampling on the device: llama2.c's procedure (run.c sample_host), one block per row, so that a
 // sampled step sends one int a sequence to the host instead of a row of logits. The row's
-// probabilities live in shared memory; top-p needs no sort: the token where the running sum in
-// descending order (equal probabilities by index) first exceeds a target is found by a binary
-// search over the probabilities' bits (non-negative floats order as their bits), each step one
-// pass over the row and a block sum. Sums are in a fixed tree order, so a seed gives the same
-// tokens every run; against the host's sequential sums they differ only where the coin or top-p
-// falls within rounding of a token's boundary.
+// probabilities stay in registers, thread t holding indices [t * kPer, (t + 1) * kPer); top-p
+// needs no sort: the token where the running sum in descending order (equal probabilities by
+// index) first exceeds a target is found by a binary search over the probabilities' bits
+// (non-negative floats order as their bits), each step a compare and add per register and a block
+// sum. Sums are in a fixed tree order, so a seed gives the same tokens every run; they are closer
+// to exact than the host's sequential ones, and the two differ only where the coin or top-p falls
+// within rounding of a token's boundary.
 
-constexpr int kSampleThreads = 1024;
-constexpr uint32_t kProbBitsEnd = 0x3f800001u;   // past 1.0f's bits: no probability reaches it
+constexpr int kSampleThreads = 1024, kSampleMaxPer = 32;   // rows of up to 32768 logits
+constexpr float kSamplePad = -0.0f;   // past the row: adds nothing to a sum, equals no probability's bits
 
 struct SampleArgs {
     const float *logits;   // (rows, n)
@@ -1329,53 +1330,60 @@ struct SampleArgs {
     float coin[kMaxArgmaxRows];   // each row's uniform draw in [0, 1)
 };
 
-// The block's sum of the row's probabilities whose bits are at least t (every thread gets it).
-__device__ float sum_from(const float *p, int n, uint32_t t, float *red) {
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (__float_as_uint(p[i]) >= t) s += p[i];
-    return block_reduce<false>(s, red);
-}
-
-// The bits of the largest probability v whose tokens, with every larger one, sum to more than
-// target (0 where none does): the value at which the descending running sum crosses target.
-__device__ uint32_t crossing_value(const float *p, int n, float target, float *red) {
-    uint32_t lo = 0, hi = kProbBitsEnd;   // sum_from(hi) <= target; sum_from(lo) > target, or lo = 0
-    while (hi - lo > 1) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        if (sum_from(p, n, mid, red) > target) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
-
-// A place in the descending order: the value's bits, and how many tokens of that value (by index)
-// come before it.
+// A place in the descending order: a probability's bits, and how many tokens of that value (in
+// index order) come before it.
 struct ProbRank {
     uint32_t bits;
     int rank;
 };
 
-// The sum of the probabilities above value bits v, and the number equal to it.
-__device__ void above_and_ties(const float *p, int n, uint32_t v, float *red, float *above, int *ties) {
+// The block's sum of the probabilities whose bits are at least t (every thread gets it). The pads'
+// bits (0x80000000) pass every t, and add -0.
+template <int kPer>
+__device__ float sum_from(const float (&p)[kPer], uint32_t t, float *red) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) s += __float_as_uint(p[j]) >= t ? p[j] : 0.0f;
+    return block_reduce<false>(s, red);
+}
+
+// The bits of the largest probability v whose tokens, with every larger one, sum to more than
+// target (0 where none does): the value at which the descending running sum crosses target.
+// hi: bits no probability reaches.
+template <int kPer>
+__device__ uint32_t crossing_value(const float (&p)[kPer], float target, uint32_t hi, float *red) {
+    uint32_t lo = 0;   // sum_from(hi) <= target; sum_from(lo) > target, or lo = 0
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (sum_from(p, mid, red) > target) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// The block's sum of the probabilities above value bits v, and the number equal to it.
+template <int kPer>
+__device__ void above_and_ties(const float (&p)[kPer], uint32_t v, float *red, float *above, int *ties) {
     float s = 0.0f, t = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const uint32_t b = __float_as_uint(p[i]);
-        if (b > v) s += p[i];
-        else if (b == v) t += 1.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        const uint32_t b = __float_as_uint(p[j]);
+        s += b > v && b != __float_as_uint(kSamplePad) ? p[j] : 0.0f;
+        t += b == v ? 1.0f : 0.0f;
     }
     *above = block_reduce<false>(s, red);
     *ties = (int)block_reduce<false>(t, red);   // exact: n < 2^24
 }
 
-// Where the descending running sum first exceeds target, and that sum (*cum, added one token at a
+// Where the descending running sum first exceeds target, and that sum (*cum, added a token at a
 // time through the tied ones, as the host does). false where the whole row does not exceed it.
-__device__ bool locate(const float *p, int n, float target, float *red, ProbRank *at, float *cum) {
-    const uint32_t v = crossing_value(p, n, target, red);
+template <int kPer>
+__device__ bool locate(const float (&p)[kPer], float target, uint32_t hi, float *red, ProbRank *at, float *cum) {
+    const uint32_t v = crossing_value(p, target, hi, red);
     const float value = __uint_as_float(v);
     float above;
     int ties;
-    above_and_ties(p, n, v, red, &above, &ties);
+    above_and_ties(p, v, red, &above, &ties);
     if (ties == 0) return false;
     int rank = 0;
     if (ties > 64 && value > 0.0f) {   // skip most of a long run of ties (a flat row), then step
@@ -1388,110 +1396,117 @@ __device__ bool locate(const float *p, int n, float target, float *red, ProbRank
     return s > target;
 }
 
-// The index of the token of probability bits v that comes rank-th (from 0) among those equal to
-// it, in index order; 0 if there is none (a row with NaN). found: shared.
-__device__ int tie_index(const float *p, int n, ProbRank at, int *warp_counts, int *found) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
-    if (threadIdx.x == 0) *found = 0;
-    int seen = 0;   // ties in the chunks before this one
-    for (int base = 0; base < n && seen <= at.rank; base += blockDim.x) {
-        const int i = base + threadIdx.x;
-        const bool tie = i < n && __float_as_uint(p[i]) == at.bits;
-        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
-        __syncthreads();   // warp_counts of the previous chunk read by all
-        if (lane == 0) warp_counts[warp] = __popc(ballot);
-        __syncthreads();
-        int before = seen, chunk = 0;
-        for (int w = 0; w < n_warps; w++) before += w < warp ? warp_counts[w] : 0, chunk += warp_counts[w];
-        if (tie && before + __popc(ballot & ((1u << lane) - 1)) == at.rank) *found = i;
-        seen += chunk;
+// Exclusive prefix sum over the block in thread order (deterministic: warp scans, then the warps'
+// totals added in order). red: 32 floats.
+__device__ float block_exclusive_scan(float x, float *red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float inclusive = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float up = __shfl_up_sync(0xffffffffu, inclusive, o);
+        if (lane >= o) inclusive += up;
     }
+    const float before_lane = __shfl_up_sync(0xffffffffu, inclusive, 1);
+    __syncthreads();   // red may still be read by a previous call
+    if (lane == 31) red[warp] = inclusive;
+    __syncthreads();
+    float before = lane == 0 ? 0.0f : before_lane;
+    for (int w = 0; w < warp; w++) before += red[w];
+    return before;
+}
+
+// The index of the token of probability bits at.bits that comes at.rank-th (from 0) among those
+// equal to it, in index order; 0 if there is none (a row with NaN). found: shared.
+template <int kPer>
+__device__ int tie_index(const float (&p)[kPer], ProbRank at, float *red, int *found) {
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) mine += __float_as_uint(p[j]) == at.bits ? 1.0f : 0.0f;
+    if (threadIdx.x == 0) *found = 0;
+    int before = (int)block_exclusive_scan(mine, red);   // exact: counts < 2^24
+#pragma unroll
+    for (int j = 0; j < kPer; j++)
+        if (__float_as_uint(p[j]) == at.bits && before++ == at.rank) *found = threadIdx.x * kPer + j;
     __syncthreads();
     return *found;
 }
 
 // llama2.c's sample_topp: the smallest set of most probable tokens whose sum exceeds topp, then the
 // token where the running sum in that order first exceeds coin times the set's sum.
-__device__ int sample_nucleus(const float *p, int n, float topp, float coin, float *red, int *warp_counts, int *found) {
+template <int kPer>
+__device__ int sample_nucleus(const float (&p)[kPer], int n, float topp, float coin, uint32_t hi, float *red, int *found) {
     ProbRank last;   // the set's last token
     float cum;
-    if (!locate(p, n, topp, red, &last, &cum)) {
+    if (!locate(p, topp, hi, red, &last, &cum)) {
         // rounding: the row sums to no more than topp; the host then keeps every token of at least
         // (1 - topp) / (n - 1), the last of them the smallest, its last tie
         const float cutoff = (1.0f - topp) / (n - 1);
         float least = INFINITY;
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            if (p[i] >= cutoff) least = fminf(least, p[i]);
+#pragma unroll
+        for (int j = 0; j < kPer; j++) least = p[j] >= cutoff ? fminf(least, p[j]) : least;
         least = -block_reduce<true>(-least, red);
         float above;
         int ties;
-        above_and_ties(p, n, __float_as_uint(least), red, &above, &ties);
+        above_and_ties(p, __float_as_uint(least), red, &above, &ties);
         last = ProbRank{__float_as_uint(least), ties > 0 ? ties - 1 : 0};
         cum = above + least * (float)ties;
     }
     ProbRank at;
     float unused;
-    const bool inside = locate(p, n, coin * cum, red, &at, &unused) &&
+    const bool inside = locate(p, coin * cum, hi, red, &at, &unused) &&
                         (at.bits > last.bits || (at.bits == last.bits && at.rank <= last.rank));
-    return tie_index(p, n, inside ? at : last, warp_counts, found);
+    return tie_index(p, inside ? at : last, red, found);
 }
 
 // llama2.c's sample_mult: the first token, in index order, where the running sum exceeds coin (the
-// last if rounding leaves none). Each thread takes a contiguous range (odd length: no two of a
-// warp's threads on one shared-memory bank), then an exclusive scan of the ranges' sums.
-__device__ int sample_in_order(const float *p, int n, float coin, float *red, int *found) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int per = ((n + blockDim.x - 1) / blockDim.x) | 1, begin = min(n, threadIdx.x * per), end = min(n, begin + per);
+// last if rounding leaves none).
+template <int kPer>
+__device__ int sample_in_order(const float (&p)[kPer], int n, float coin, float *red, int *found) {
     float mine = 0.0f;
-    for (int i = begin; i < end; i++) mine += p[i];
-    float inclusive = mine;
-    for (int o = 1; o < 32; o <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, inclusive, o);
-        if (lane >= o) inclusive += up;
-    }
-    __syncthreads();   // red free
-    if (lane == 31) red[warp] = inclusive;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) mine += p[j];   // pads add -0
+    float cdf = block_exclusive_scan(mine, red);
     if (threadIdx.x == 0) *found = INT_MAX;
     __syncthreads();
-    const float before_lane = __shfl_up_sync(0xffffffffu, inclusive, 1);
-    float cdf = lane == 0 ? 0.0f : before_lane;
-    for (int w = 0; w < warp; w++) cdf += red[w];
-    for (int i = begin; i < end; i++) {
-        cdf += p[i];
-        if (coin < cdf) {
-            atomicMin(found, i);
-            break;
-        }
+    bool crossed = false;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        cdf += p[j];
+        if (!crossed && coin < cdf) crossed = true, atomicMin(found, threadIdx.x * kPer + j);
     }
     __syncthreads();
-    return *found == INT_MAX ? n - 1 : *found;
+    return *found < n ? *found : n - 1;
 }
 
-// Block r: a token sampled from row r of the logits at the temperature (> 0), with top-p where
-// 0 < topp < 1, else from the whole distribution. Dynamic shared memory: n floats.
+// Block r: a token sampled from row r of the logits (n <= kSampleThreads * kPer) at the temperature
+// (> 0), with top-p where 0 < topp < 1, else from the whole distribution.
+template <int kPer>
 __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
-    extern __shared__ float p[];   // (n) the row's probabilities
     __shared__ float red[32];
-    __shared__ int warp_counts[32], found;
+    __shared__ int found;
     pdl_wait_then_release();
-    const int n = a.n;
+    const int n = a.n, first = threadIdx.x * kPer;
     const float *logits = a.logits + (size_t)blockIdx.x * n;
-    float most = -INFINITY;   // softmax as the host's: logits / temperature, max, exp, sum, divide
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        p[i] = logits[i] / a.temperature;
-        most = fmaxf(most, p[i]);
+    float p[kPer], most = -INFINITY;   // softmax as the host's: logits / temperature, max, exp, sum, divide
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        p[j] = first + j < n ? logits[first + j] / a.temperature : -INFINITY;
+        most = fmaxf(most, p[j]);
     }
     most = block_reduce<true>(most, red);
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        p[i] = expf(p[i] - most);
-        sum += p[i];
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        p[j] = first + j < n ? expf(p[j] - most) : 0.0f;
+        sum += p[j];
     }
     sum = block_reduce<false>(sum, red);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] /= sum;
-    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPer; j++) p[j] = first + j < n ? p[j] / sum : kSamplePad;
+    // the most probable token's probability is 1 / sum (its exp is 1): nothing's bits pass it
+    const uint32_t hi = __float_as_uint(1.0f / sum) + 1;
     const float coin = a.coin[blockIdx.x];
-    const int token = a.topp > 0.0f && a.topp < 1.0f ? sample_nucleus(p, n, a.topp, coin, red, warp_counts, &found)
+    const int token = a.topp > 0.0f && a.topp < 1.0f ? sample_nucleus(p, n, a.topp, coin, hi, red, &found)
                                                      : sample_in_order(p, n, coin, red, &found);
     if (threadIdx.x == 0) a.result[blockIdx.x] = token;
 }
@@ -1590,7 +1605,6 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     if (half_floats) CUDA_CHECK(cudaMalloc(&g->x_half, half_floats * sizeof(__half)));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
-    CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
     g->pdl = 1;
     g->prefetch_bytes = getenv("RUN_PREFETCH_BYTES") ? atoi(getenv("RUN_PREFETCH_BYTES")) : kPrefetchBytes;
     g->late_release = getenv("RUN_PDL_LATE") && atoi(getenv("RUN_PDL_LATE"));
@@ -2110,18 +2124,25 @@ extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {
     return token;
 }
 
-extern "C" int gpu_sample_supported(int n) { return n >= 1 && (size_t)n * sizeof(float) <= kMaxSmem; }
+extern "C" int gpu_sample_supported(int n) { return n >= 1 && n <= kSampleThreads * kSampleMaxPer; }
 
 extern "C" void gpu_sample_rows(GpuCtx *g, const float *logits, int rows, int n, float temperature, float topp,
                                 const float *coins, int *out) {
     if (rows < 1 || rows > kMaxArgmaxRows || !gpu_sample_supported(n) || !(temperature > 0.0f)) {
         fprintf(stderr, "run: sampling %d rows (1 to %d) of %d logits (at most %d) at temperature %g\n", rows,
-                kMaxArgmaxRows, n, (int)(kMaxSmem / sizeof(float)), temperature);
+                kMaxArgmaxRows, n, kSampleThreads * kSampleMaxPer, temperature);
         exit(1);
     }
     SampleArgs a = {logits, g->argmax, n, temperature, topp, {0}};
     memcpy(a.coin, coins, rows * sizeof(float));
-    launch(g, "sample_kernel", sample_kernel, dim3(rows), dim3(kSampleThreads), n * sizeof(float), a);
+    const dim3 grid(rows), block(kSampleThreads);
+    const int per = ceil_div_i(n, kSampleThreads);   // registers a thread: the power of two covering it
+    if (per <= 1) launch(g, "sample_kernel", sample_kernel<1>, grid, block, 0, a);
+    else if (per <= 2) launch(g, "sample_kernel", sample_kernel<2>, grid, block, 0, a);
+    else if (per <= 4) launch(g, "sample_kernel", sample_kernel<4>, grid, block, 0, a);
+    else if (per <= 8) launch(g, "sample_kernel", sample_kernel<8>, grid, block, 0, a);
+    else if (per <= 16) launch(g, "sample_kernel", sample_kernel<16>, grid, block, 0, a);
+    else launch(g, "sample_kernel", sample_kernel<kSampleMaxPer>, grid, block, 0, a);
     CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     memcpy(out, g->argmax_rows_host, rows * sizeof(int));

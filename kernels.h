@@ -118,7 +118,7 @@ int gpu_argmax_wait(GpuCtx *g, int slot);
 // llama2.c's sampling of rows of logits (rows x n, rows 1..64) on the device: softmax of logits /
 // temperature (> 0), then top-p where 0 < topp < 1, else multinomial over the whole row; coins[r]
 // is row r's uniform draw in [0, 1) from its sampler. out[r]: the token, waited for. Supported for
-// rows of at most a shared memory's worth of floats (gpu_sample_supported; 51200).
+// rows of up to 32768 logits (gpu_sample_supported), the row in the registers of one block.
 int gpu_sample_supported(int n);
 void gpu_sample_rows(GpuCtx *g, const float *logits, int rows, int n, float temperature, float topp, const float *coins,
                      int *out);
