@@ -4,6 +4,7 @@
 # holds them + the KV cache the decode steps actually read (mean over the steps); effective GB/s =
 # that x tokens/s, against the H200's 4480 GB/s.
 #   sh bench/bench.sh            all rows       BENCH_QUICK=1: the 7B paths and small models only
+#   BENCH_NO_FP32=1: without the FP32 7B row (its 26 GB checkpoint takes minutes to write)
 set -eu
 cd "$(dirname "$0")/.."
 out=${BENCH_DIR:-bench/out}
@@ -46,7 +47,7 @@ row "7b int8 fused, FP32 KV cache" "$q8" 261 "$p5" "--kv-fp32"
 row "7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "$p5" "--unfused"
 row "7b --fp16 (cuBLAS, converted at load)" "$q8" 261 "$p5" "--fp16"
 if [ -z "${BENCH_QUICK:-}" ]; then
-    row "7b fp32 cuBLAS" "$(synth llama2-7b --fp32)" 261 "$p5" ""
+    [ -n "${BENCH_NO_FP32:-}" ] || row "7b fp32 cuBLAS" "$(synth llama2-7b --fp32)" 261 "$p5" ""
     for ctx in 128 1024 4096; do
         p=$p5; [ $ctx -gt 128 ] && p=$(prompt_of $((ctx - 200)))
         row "7b int8 fused, context $ctx" "$q8" $ctx "$p" ""

@@ -1044,25 +1044,26 @@ static void test_gpu_argmax(void) {
     check(!fail, "gpu argmax of 1, 7, 64 rows == each row's first maximum", "%s", what);
 }
 
-// llama2.c's sampling of row (n logits) with the running sums in double: the probabilities as the
-// host computes them (run.c's softmax), its candidates and sort, then sums without rounding to
-// speak of. The reference both the device's tree sums and the host's sequential float sums
-// approximate. Returns the token; *ok whether `got` is it or within tol of it: moving the coin's
-// point (or top-p) by at most tol in probability reaches it.
+// llama2.c's sampling of row (n logits) with the sums in double: each token's exp(logit /
+// temperature - max) in float as both samplers compute it, then the normalising sum and the
+// running sums without rounding to speak of (the host's sequential float sums drift by 1e-5 and
+// more of the total over long runs of equal values). The reference the device's tree sums and
+// the host's sums both approximate. Returns the token; *ok whether `got` is it or within tol of
+// it: moving the coin's point (or top-p) by at most tol in probability reaches it.
 static int sample_exact(const float *row, int n, float temperature, float topp, float coin, int got, double tol, int *ok) {
-    float *p = xcalloc(n, sizeof(float));
+    float *e = xcalloc(n, sizeof(float)), most = -INFINITY;
     ProbIndex *items = xcalloc(n, sizeof(ProbIndex)), *tmp = xcalloc(n, sizeof(ProbIndex));
-    double *cdf = xcalloc(n, sizeof(double)), c = 0;
-    for (int i = 0; i < n; i++) p[i] = row[i] / temperature;
-    softmax(p, n);
+    double *cdf = xcalloc(n, sizeof(double)), sum = 0, c = 0;
+    for (int i = 0; i < n; i++) e[i] = row[i] / temperature, most = e[i] > most ? e[i] : most;
+    for (int i = 0; i < n; i++) e[i] = expf(e[i] - most), sum += e[i];
     const int top_p = topp > 0 && topp < 1;
     int n0 = 0;
-    for (int i = 0; i < n; i++)
-        if (!top_p || p[i] >= (1.0f - topp) / (n - 1)) items[n0++] = (ProbIndex){p[i], i};
+    for (int i = 0; i < n; i++)   // sorted by e: the order of the probabilities, equal ones by index
+        if (!top_p || e[i] / sum >= (1.0f - topp) / (n - 1)) items[n0++] = (ProbIndex){e[i], i};
     if (top_p) sort_by_prob(items, tmp, n0);
     int last = n0 - 1, last_wide = n0 - 1, at = -1, token = -1;   // last_wide: the set for topp + tol
     for (int i = 0; i < n0; i++) {
-        cdf[i] = c += items[i].prob;
+        cdf[i] = c += items[i].prob / sum;
         if (top_p && last == n0 - 1 && c > topp) last = i;
         if (top_p && last_wide == n0 - 1 && c > topp + tol) last_wide = i;
         if (items[i].index == got) at = i;
@@ -1070,10 +1071,10 @@ static int sample_exact(const float *row, int n, float temperature, float topp, 
     const double r = top_p ? coin * cdf[last > 0 ? last : 0] : coin;
     for (int i = 0; i <= last && token < 0; i++)
         if (r < cdf[i]) token = items[i].index;
-    if (n0 == 0) token = argmax_row(p, n);   // the host's flat-row case
+    if (n0 == 0) token = argmax_row(e, n);   // the host's flat-row case
     else if (token < 0) token = items[last].index;
     *ok = got == token || (at >= 0 && at <= last_wide && r >= (at ? cdf[at - 1] : 0.0) - tol && r < cdf[at] + tol);
-    free(p), free(items), free(tmp), free(cdf);
+    free(e), free(items), free(tmp), free(cdf);
     return token;
 }
 
