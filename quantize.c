@@ -193,7 +193,7 @@ static void close_output(OutFile *o, const char *path) {
         die(msg);
     }
     if (rename(tmp_output, path) != 0) {
-        snprintf(msg, sizeof msg, "%.300s: cannot rename %s into place: %s", path, tmp_output, strerror(errno));
+        snprintf(msg, sizeof msg, "%.300s: cannot rename %.150s into place: %s", path, tmp_output, strerror(errno));
         die(msg);
     }
     tmp_output[0] = '\0';
