@@ -1370,7 +1370,8 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
             e->ops->argmax_rows(e, logits, B, next);
         } else if (sample_on_executor(e, samplers, B, stopped, logits, next)) {
             host = e->ops->to_host(e, logits, B);
-            for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : sample_host(&samplers[b], host + (size_t)b * V);
+            for (int b = 0; b < B; b++)
+                if (!stopped[b]) next[b] = sample_host(&samplers[b], host + (size_t)b * V);
         }
         for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : next[b];
     }
