@@ -2,15 +2,27 @@
 #   make            binaries, models, and the INT8 demo model
 #   make demo       generate a story from stories260K through the INT8 path
 #   make test       the test suite (GPU tests are skipped where there is no GPU)
+# Independent steps run in parallel (one job per core): nvcc's kernels.o is the long one.
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
 CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter
+override CFLAGS += -Iengine
 LDLIBS  := -lm -lpthread
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-# sm_90a machine code for the H200 (wgmma needs the "a" target), plus PTX so that newer GPUs can JIT
-# it (the wgmma kernel compiles to nothing there and is not dispatched: kernels.cu wgmma_available)
+# sm_90a machine code for the H200 (wgmma and the copy-engine GEMV need the "a" target), plus PTX so
+# that newer GPUs can JIT it (those kernels compile to nothing there and are not chosen:
+# cuda/common.cuh sm90a_available)
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
            -Xcompiler -Wall,-Wextra -lineinfo
+override NVFLAGS += -Iengine
 SHARED_MODELS ?= ../shared/models
+
+# The engine: the model and its formats, the executors, the tokenizer and sampler (engine/*.c);
+# run.c and quantize.c are the programs.
+ENGINE     := model util forward cpu gpu dispatch tokenizer sampler
+ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
+HEADERS    := $(wildcard engine/*.h)
+CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
 
 ifneq ($(NVCC),)
   GPU_OBJ  := kernels.o
@@ -22,16 +34,21 @@ endif
 .PHONY: all models demo test bench clean
 all: run quantize models models/stories260K_q8.bin
 
-run.o: run.c model.h kernels.h
+# Objects: obj/ for the binaries, obj/san/ (ASan + UBSan) for the tests, obj/plain/ (no GPU code,
+# no sanitizer) for valgrind.
+obj/%.o: engine/%.c $(HEADERS)
+	@mkdir -p obj
+	$(CC) $(CFLAGS) $(GPU_DEFS) -c $< -o $@
+obj/run.o: run.c $(HEADERS)
+	@mkdir -p obj
 	$(CC) $(CFLAGS) $(GPU_DEFS) -c run.c -o $@
-model.o: model.c model.h
-	$(CC) $(CFLAGS) -c model.c -o $@
-kernels.o: kernels.cu kernels.h
+kernels.o: $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -c kernels.cu -o $@
-run: run.o model.o $(GPU_OBJ)
+ENGINE_OBJ := $(addprefix obj/,$(addsuffix .o,$(ENGINE)))
+run: obj/run.o $(ENGINE_OBJ) $(GPU_OBJ)
 	$(CC) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
-quantize: quantize.c model.o model.h
-	$(CC) $(CFLAGS) -o $@ quantize.c model.o $(LDLIBS)
+quantize: quantize.c obj/model.o engine/model.h
+	$(CC) $(CFLAGS) -o $@ quantize.c obj/model.o $(LDLIBS)
 
 # Models come from ../shared/models when it exists, else from upstream (sha256-checked).
 MODEL_FILES := models/stories260K.bin models/tok512.bin tokenizer.bin
@@ -47,12 +64,28 @@ models/stories260K_q8.bin: models/stories260K.bin quantize
 demo: all
 	./run models/stories260K_q8.bin -z models/tok512.bin -p "Once upon a time" -n 200 -t 0.8 -s 42
 
-# Test builds: the same sources, with AddressSanitizer and UBSan.
+# Test builds: the same sources, with AddressSanitizer and UBSan; the GPU entry points only tests
+# and benchmarks use are in cuda/testing.cu.
 SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -g
-tests/test_run: tests/test_run.c run.c model.c model.h $(GPU_OBJ) kernels.h
-	$(CC) $(CFLAGS) -Wno-unused-function $(GPU_DEFS) -O2 $(SAN) -c tests/test_run.c -o tests/test_run.o
-	$(CC) $(CFLAGS) -O2 $(SAN) -c model.c -o tests/model_san.o
-	$(CC) $(SAN) -o $@ tests/test_run.o tests/model_san.o $(GPU_OBJ) $(GPU_LIBS) $(LDLIBS)
+ifneq ($(NVCC),)
+  TEST_GPU_OBJ := kernels.o obj/testing.o
+endif
+obj/testing.o: cuda/testing.cu cuda/testing.h $(CUDA_SRC)
+	@mkdir -p obj
+	$(NVCC) $(NVFLAGS) -Icuda -c cuda/testing.cu -o $@
+obj/san/%.o: engine/%.c $(HEADERS)
+	@mkdir -p obj/san
+	$(CC) $(CFLAGS) $(GPU_DEFS) -O2 $(SAN) -c $< -o $@
+obj/san/test_run.o: tests/test_run.c tests/ref_encode.h tests/reference.h $(HEADERS) cuda/testing.h
+	@mkdir -p obj/san
+	$(CC) $(CFLAGS) -Icuda -Wno-unused-function $(GPU_DEFS) -O2 $(SAN) -c tests/test_run.c -o $@
+# The float64 references: no sanitizer (plain arithmetic over arrays the tests allocate), threads
+obj/reference.o: tests/reference.c tests/reference.h engine/model.h
+	@mkdir -p obj
+	$(CC) $(CFLAGS) -O2 -c tests/reference.c -o $@
+SAN_OBJ := $(addprefix obj/san/,$(addsuffix .o,$(ENGINE)))
+tests/test_run: obj/san/test_run.o $(SAN_OBJ) obj/reference.o $(TEST_GPU_OBJ)
+	$(CC) $(SAN) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
 # Test-only models: code15M and two reference files exist only in ../shared/models; where they
 # are missing their tests report skipped.
 OPTIONAL_MODELS := models/code15M.bin models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt
@@ -60,8 +93,8 @@ test: all tests/test_run
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh
 
-bench/kernel_bench: bench/kernel_bench.cu kernels.o kernels.h model.h
-	$(NVCC) $(NVFLAGS) -o $@ bench/kernel_bench.cu kernels.o -lcublas
+bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o $(CUDA_SRC) cuda/testing.h engine/dispatch.h
+	$(NVCC) $(NVFLAGS) -Icuda -o $@ bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o -lcublas
 bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench
 	@mkdir -p bench/out
@@ -70,9 +103,9 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 	-sh bench/plot.sh bench/out/across_m.csv
 
 clean:
-	rm -rf run quantize *.o tests/*.o tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o obj tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
 
-# Fuzzing (issue: hostile input): libFuzzer targets built with clang, ASan and UBSan.
+# Fuzzing: libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
 #   make fuzz FUZZ_SECONDS=30  the short run .ci/run does
 # Corpora grow in tests/fuzz/corpus/<target> (not committed); seeds come from ../shared/models,
@@ -81,16 +114,18 @@ clean:
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := model tokenizer encode run_args quantize_args
-FUZZ_FLAGS   := -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+FUZZ_FLAGS   := -g -O1 -std=gnu11 -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
-FUZZ_SRC     := tests/fuzz/fuzz.c run.c quantize.c model.c model.h
+# The CPU-only engine (no HAVE_GPU): what the fuzz targets and the valgrind builds link.
+CPU_ENGINE_SRC := $(ENGINE_SRC)
+FUZZ_SRC     := tests/fuzz/fuzz.c run.c quantize.c $(CPU_ENGINE_SRC) $(HEADERS)
 fuzz_define   = -DFUZZ_$(shell echo $(1) | tr a-z A-Z)
 tests/fuzz/fuzz_%: $(FUZZ_SRC)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c model.c -lm -lpthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c $(CPU_ENGINE_SRC) -lm -lpthread
 # gcc replay builds of the same targets, for the regression files
 tests/fuzz/replay_%: $(FUZZ_SRC)
-	$(CC) -g -O1 -std=gnu11 $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \
-	    -DFUZZ_REPLAY $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c model.c -lm -lpthread
+	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \
+	    -DFUZZ_REPLAY $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c $(CPU_ENGINE_SRC) -lm -lpthread
 fuzz-seeds: quantize tests/test_run models
 	sh tests/fuzz/seeds.sh
 fuzz: fuzz-seeds $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
@@ -99,36 +134,39 @@ fuzz: fuzz-seeds $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
 
 # The CPU suite's command-line checks again through ASan + UBSan builds of run and quantize
 # (tests/test_run is always such a build).
-tests/asan/run: run.c model.c model.h
+tests/asan/run: run.c $(CPU_ENGINE_SRC) $(HEADERS)
 	@mkdir -p tests/asan
-	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ run.c model.c $(LDLIBS)
-tests/asan/quantize: quantize.c model.c model.h
+	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ run.c $(CPU_ENGINE_SRC) $(LDLIBS)
+tests/asan/quantize: quantize.c engine/model.c $(HEADERS)
 	@mkdir -p tests/asan
-	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c model.c $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c engine/model.c $(LDLIBS)
 test-asan: all tests/test_run tests/asan/run tests/asan/quantize
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
 
 # The CPU unit tests under valgrind (no sanitizers, no GPU code), then the command-line checks
 # with run and quantize (CPU-only builds) under valgrind; code15M is left out (--quick, QUICK=1).
-tests/test_run_vg: tests/test_run.c run.c model.c model.h
-	$(CC) $(CFLAGS) -Wno-unused-function -O1 -g -o $@ tests/test_run.c model.c $(LDLIBS)
-tests/vg/run: run.c model.c model.h
+tests/test_run_vg: tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(HEADERS)
+	$(CC) $(CFLAGS) -Icuda -Wno-unused-function -O1 -g -o $@ tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(LDLIBS)
+tests/vg/run: run.c $(CPU_ENGINE_SRC) $(HEADERS)
 	@mkdir -p tests/vg
-	$(CC) $(CFLAGS) -O1 -g -o $@ run.c model.c $(LDLIBS)
-tests/vg/quantize: quantize.c model.c model.h
+	$(CC) $(CFLAGS) -O1 -g -o $@ run.c $(CPU_ENGINE_SRC) $(LDLIBS)
+tests/vg/quantize: quantize.c engine/model.c $(HEADERS)
 	@mkdir -p tests/vg
-	$(CC) $(CFLAGS) -O1 -g -o $@ quantize.c model.c $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 -g -o $@ quantize.c engine/model.c $(LDLIBS)
 VG := valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
 test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
 	$(VG) ./tests/test_run_vg --quick models
 	CLI_ONLY=1 QUICK=1 RUN="$(VG) tests/vg/run" QUANTIZE="$(VG) tests/vg/quantize" sh tests/run_tests.sh
 
 # The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
-# (memcheck, racecheck, initcheck, synccheck); on the GPU machine.
-tests/test_run_gpu: tests/test_run.c run.c model.c model.h kernels.o kernels.h
-	$(CC) $(CFLAGS) -Wno-unused-function $(GPU_DEFS) -O2 -g -c tests/test_run.c -o tests/test_run_gpu.o
-	$(CC) -o $@ tests/test_run_gpu.o model.o kernels.o $(GPU_LIBS) $(LDLIBS)
+# (memcheck, racecheck, initcheck, synccheck); on the GPU machine. No host sanitizer here.
+obj/plain/%.o: engine/%.c $(HEADERS)
+	@mkdir -p obj/plain
+	$(CC) $(CFLAGS) $(GPU_DEFS) -O2 -g -c $< -o $@
+tests/test_run_gpu: tests/test_run.c tests/ref_encode.h tests/reference.h $(addprefix obj/plain/,$(addsuffix .o,$(ENGINE))) obj/reference.o $(TEST_GPU_OBJ) $(HEADERS)
+	$(CC) $(CFLAGS) -Icuda -Wno-unused-function $(GPU_DEFS) -O2 -g -c tests/test_run.c -o obj/plain/test_run.o
+	$(CC) -o $@ obj/plain/test_run.o $(addprefix obj/plain/,$(addsuffix .o,$(ENGINE))) obj/reference.o $(TEST_GPU_OBJ) $(GPU_LIBS) $(LDLIBS)
 test-gpu-sanitize: all tests/test_run_gpu
 	sh tests/gpu_sanitize.sh
 .PHONY: test-asan test-valgrind test-gpu-sanitize

@@ -1,13 +1,16 @@
 // kernel_bench.cu: one linear layer at M = 1 on Llama-2-7B and TinyLlama shapes, through every
 // path the engine has and the references it is judged against:
-//   fused     gpu_matmul_q8_fused: int8 + scales read once, dequantized in registers, launched
-//             plainly (each launch waits for the last to end), as the read kernel is
+//   fused     the kernel the engine's dispatch picks at M = 1 (the copy-engine GEMV on sm_90a):
+//             int8 + scales read once, dequantized in registers, launched plainly (each launch
+//             waits for the last to end), as the read kernel is
 //   +PDL      the same with programmatic dependent launch, as the engine runs it: a launch starts
 //             and prefetches its first weight bytes while the one before drains
 //   read      a pure streaming read of the same weight and scale bytes (16-byte loads), one kernel
 //   fp16      cuBLAS GemmEx on resident FP16 weights (what a user runs without quantization)
 //   fp32      cuBLAS SGEMV on resident FP32 weights
-//   unfused   gpu_matmul_q8_unfused: dequant kernel to FP32 scratch, then SGEMV
+//   unfused   LINEAR_DEQUANT_SGEMM: dequant kernel to FP32 scratch, then SGEMV
+//   reg-fed   the engine's pick without the copy engine (the register-fed GEMV, its tall instance
+//             from the dispatch's row threshold)
 // Each variant cycles through enough copies of its weights that L2 (60 MB) serves none of them;
 // times are the median over 15 runs of 40 back-to-back launches (CUDA events), random data.
 #include <cublas_v2.h>
@@ -22,7 +25,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "../kernels.h"
+extern "C" {
+#include "dispatch.h"
+}
+#include "testing.h"
 
 static void ck(cudaError_t e, const char *what) {
     if (e != cudaSuccess) { fprintf(stderr, "kernel_bench: %s: %s\n", what, cudaGetErrorString(e)); exit(1); }
@@ -107,13 +113,30 @@ struct Case {
     int *sink;
 };
 
-static void run_fused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, 1, &k->q8[c], 0); }
+// One of the engine's linear calls (M tokens, y = x W^T) on kernel k.
+static void linear(GpuCtx *g, LinearKernel k, float *y, const float *x, int M, const Mat *w) {
+    LinearCall c = {};
+    c.form = LINEAR_PLAIN, c.M = M, c.x = x, c.w[0] = w, c.y = y;
+    gpu_linear(g, k, &c);
+}
+// The kernel the engine's dispatch picks for y = x W^T at M tokens, with the copy-engine GEMV
+// allowed (tma 1) or not.
+static LinearKernel engine_kernel(GpuCtx *g, const Mat *w, int M, int tma) {
+    GpuOptions opt = GPU_DEFAULTS;
+    opt.tma_gemv = tma;
+    LinearCall c = {};
+    c.form = LINEAR_PLAIN, c.M = M, c.w[0] = w;
+    return choose_linear(g, &opt, &c);
+}
+static LinearKernel fused_kernel, regfed_kernel;   // the M = 1 columns' kernels, per shape
+static void run_fused(int c, void *p) { Case *k = (Case *)p; linear(k->g, fused_kernel, k->y, k->x, 1, &k->q8[c]); }
+static void run_regfed(int c, void *p) { Case *k = (Case *)p; linear(k->g, regfed_kernel, k->y, k->x, 1, &k->q8[c]); }
 static int variant_r, variant_u;
 static void run_variant(int c, void *p) {
     Case *k = (Case *)p;
     if (gpu_matmul_q8_variant(k->g, k->y, k->x, &k->q8[c], variant_r, variant_u)) exit(1);
 }
-static void run_unfused(int c, void *p) { Case *k = (Case *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, 1, &k->q8[c], 0); }
+static void run_unfused(int c, void *p) { Case *k = (Case *)p; linear(k->g, LINEAR_DEQUANT_SGEMM, k->y, k->x, 1, &k->q8[c]); }
 static void run_read(int c, void *p) {
     Case *k = (Case *)p;
     // q and s of a copy are one allocation (s right after q): read both in one kernel
@@ -123,7 +146,8 @@ static void run_read(int c, void *p) {
 }
 static void run_fp32(int c, void *p) {
     Case *k = (Case *)p;
-    gpu_matmul_f32(k->g, k->y, k->x, 1, k->f32[c], k->N, k->K, k->K, 0);
+    Mat w = {k->N, k->K, k->K, 0, 0, k->f32[c], NULL, NULL, NULL};
+    linear(k->g, LINEAR_SGEMM, k->y, k->x, 1, &w);
 }
 static void run_fp16(int c, void *p) {
     Case *k = (Case *)p;
@@ -148,22 +172,22 @@ static int profile_once(int N, int K, int M, int gs) {
     k.x = dev_floats((size_t)M * K, 3);
     CK(cudaMalloc(&k.y, (size_t)M * N * 4));
     CK(cudaDeviceSynchronize());
-    gpu_matmul_q8_fused(k.g, k.y, k.x, 1, &m, 0);
-    gpu_matmul_q8_unfused(k.g, k.y, k.x, 1, &m, 0);
-    if (M > 1 && gpu_matmul_q8_mma_supported(&m)) {
-        gpu_matmul_q8_tc(k.g, k.y, k.x, M, &m, 0, TC_MMA_SYNC);
-        gpu_matmul_q8_tc(k.g, k.y, k.x, M, &m, 0, TC_WGMMA);
-    }
+    linear(k.g, engine_kernel(k.g, &m, 1, 1), k.y, k.x, 1, &m);
+    linear(k.g, LINEAR_DEQUANT_SGEMM, k.y, k.x, 1, &m);
+    LinearCall tc = {};
+    tc.form = LINEAR_PLAIN, tc.M = M, tc.x = k.x, tc.w[0] = &m, tc.y = k.y;
+    if (M > 1 && gpu_linear_fits(k.g, LINEAR_MMA, &tc)) gpu_linear(k.g, LINEAR_MMA, &tc);
+    if (M > 1 && gpu_linear_fits(k.g, LINEAR_WGMMA, &tc)) gpu_linear(k.g, LINEAR_WGMMA, &tc);
     gpu_sync(k.g);
     printf("profiled %d x %d, M %d: int8 %zu bytes, scales %zu bytes\n", N, K, M, q_bytes, s_bytes);
     return 0;
 }
 
 // ----------------------------------------------------------------------------
-// --across-m: one 7B layer shape at M = 1 .. 512 through every path (issue: tensor-core GEMM):
-//   simt      gpu_matmul_q8_fused (SIMT, up to 8 tokens per block): the engine's kernel at M = 1
-//   mma       gpu_matmul_q8_tc mma.sync (x converted to FP16 inside, counted): M = 2 .. 127
-//   wgmma     gpu_matmul_q8_tc wgmma (x converted and permuted inside, counted): M >= 128
+// --across-m: one 7B layer shape at M = 1 .. 512 through every path:
+//   simt      LINEAR_GEMV (register-fed, up to 8 tokens per block)
+//   mma       LINEAR_MMA, mma.sync (x converted to FP16 inside, counted): the engine's at M = 2 .. 127
+//   wgmma     LINEAR_WGMMA (x converted and permuted inside, counted): the engine's at M >= 128
 //   deq+f32   dequant kernel to FP32 + cuBLAS SGEMM (the engine's --unfused)
 //   deq+f16   dequant kernel to FP16 + cuBLAS FP16 GEMM
 //   f16       cuBLAS on resident FP16 weights (x converted to FP16 inside, counted)
@@ -208,23 +232,31 @@ struct MCase {
     __nv_bfloat16 *x_bf16, *y_bf16_out;
 };
 
-static void m_fused(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_fused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
-static void m_mma(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_tc(k->g, k->y, k->x, k->M, &k->q8[c], 0, TC_MMA_SYNC); }
-static void m_wgmma(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_tc(k->g, k->y, k->x, k->M, &k->q8[c], 0, TC_WGMMA); }
-static void m_deq32(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_q8_unfused(k->g, k->y, k->x, k->M, &k->q8[c], 0); }
+static void m_fused(int c, void *p) { MCase *k = (MCase *)p; linear(k->g, LINEAR_GEMV, k->y, k->x, k->M, &k->q8[c]); }
+static void m_mma(int c, void *p) { MCase *k = (MCase *)p; linear(k->g, LINEAR_MMA, k->y, k->x, k->M, &k->q8[c]); }
+static void m_wgmma(int c, void *p) { MCase *k = (MCase *)p; linear(k->g, LINEAR_WGMMA, k->y, k->x, k->M, &k->q8[c]); }
+static void m_deq32(int c, void *p) { MCase *k = (MCase *)p; linear(k->g, LINEAR_DEQUANT_SGEMM, k->y, k->x, k->M, &k->q8[c]); }
+static void m_half(MCase *k, const void *h) {   // cuBLAS on FP16 weights h (N, K)
+    Mat w = {k->N, k->K, k->K, 0, 0, NULL, NULL, NULL, h};
+    linear(k->g, LINEAR_HGEMM, k->y, k->x, k->M, &w);
+}
 static void m_deq16(int c, void *p) {
     MCase *k = (MCase *)p;
     gpu_to_half(k->g, k->deq16, &k->q8[c]);
-    gpu_matmul_f16(k->g, k->y, k->x, k->M, k->deq16, k->N, k->K, 0);
+    m_half(k, k->deq16);
 }
-static void m_f16(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_f16(k->g, k->y, k->x, k->M, k->f16[c], k->N, k->K, 0); }
+static void m_f16(int c, void *p) { MCase *k = (MCase *)p; m_half(k, k->f16[c]); }
 static void m_bf16(int c, void *p) {
     MCase *k = (MCase *)p;
     const float one = 1.0f, zero = 0.0f;
     CB(cublasGemmEx(k->blas, CUBLAS_OP_T, CUBLAS_OP_N, k->N, k->M, k->K, &one, k->bf16[c], CUDA_R_16BF, k->K, k->x_bf16,
                     CUDA_R_16BF, k->K, &zero, k->y, CUDA_R_32F, k->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-static void m_f32(int c, void *p) { MCase *k = (MCase *)p; gpu_matmul_f32(k->g, k->y, k->x, k->M, k->f32[c], k->N, k->K, k->K, 0); }
+static void m_f32(int c, void *p) {
+    MCase *k = (MCase *)p;
+    Mat w = {k->N, k->K, k->K, 0, 0, k->f32[c], NULL, NULL, NULL};
+    linear(k->g, LINEAR_SGEMM, k->y, k->x, k->M, &w);
+}
 static void m_deq(int c, void *p) { MCase *k = (MCase *)p; gpu_dequant(k->g, k->deq32, &k->q8[c]); }
 static void m_tiled(int c, void *p) {
     MCase *k = (MCase *)p;
@@ -372,6 +404,7 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&k.sink, 4));
         CK(cudaDeviceSynchronize());
         cudaStream_t gst = (cudaStream_t)gpu_stream(k.g);   // the gpu_* launchers' stream: time them there
+        fused_kernel = engine_kernel(k.g, &k.q8[0], 1, 1), regfed_kernel = engine_kernel(k.g, &k.q8[0], 1, 0);
         gpu_set_pdl(k.g, 0);
         double fused = time_us(run_fused, &k, copies8, gst), unfused = time_us(run_unfused, &k, copies8, gst);
         gpu_set_pdl(k.g, 1);
@@ -379,9 +412,7 @@ int main(int argc, char **argv) {
         double rd = time_us(run_read, &k, copies8, k.stream), f32 = time_us(run_fp32, &k, copies32, gst);
         double f16 = time_us(run_fp16, &k, copies16, k.stream);
         gpu_set_pdl(k.g, 0);
-        const int tma = gpu_set_gemv_tma(k.g, 0);   // the register-fed GEMV (the fused kernel off sm_90a)
-        double regfed = time_us(run_fused, &k, copies8, gst);
-        gpu_set_gemv_tma(k.g, tma);
+        double regfed = time_us(run_regfed, &k, copies8, gst);   // the engine's kernel without the copy engine
         double fused_bytes = q_bytes + s_bytes + k.K * 4.0 + k.N * 4.0;
         if (getenv("SWEEP")) {   // rows per warp x chunks in flight, microseconds
             printf("  sweep %5dx%-6d:", k.N, k.K);

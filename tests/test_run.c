@@ -1,6 +1,7 @@
-// test_run.c: unit and end-to-end tests, built against the engine's own sources (run.c is
-// included with its main() left out) under AddressSanitizer and UBSan.
-// Prints one line per test: PASS, FAIL or SKIP, then the totals; exits 1 if anything failed.
+// test_run.c: unit and end-to-end tests, built against the engine's own sources (engine/*.c, the
+// GPU kernels, cuda/testing.cu) under AddressSanitizer and UBSan.
+// Prints one line per test: PASS, FAIL or SKIP; after each group a line "== group: N passed, N
+// failed, N skipped (T s)"; then the totals; exits 1 if anything failed.
 // Usage: test_run [--gpu-only] [--quick] [--gpu-part PART] [models-dir] (default: models),
 // run from the repository root (it calls ./quantize). --gpu-only: the GPU groups alone;
 // --gpu-part PART: one GPU group alone (instrumented runs in pieces): linear (the linear
@@ -8,13 +9,27 @@
 // models: random, long (the context of 1300), real (the real checkpoints and the 7B shapes);
 // --quick: without the 7B-shaped model and code15M, and whole models run 8 decode steps past
 // their prefill (for the slow compute-sanitizer and valgrind runs); the skipped reported so.
-#define RUN_NO_MAIN
-#include <sys/wait.h>
-#include "../run.c"
-#include "ref_encode.h"
-
+#include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "exec.h"
+#include "model.h"
+#include "reference.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "util.h"
+#include "ref_encode.h"
+#ifdef HAVE_GPU
+#include "dispatch.h"
+#include "kernels.h"
+#include "testing.h"
+#endif
 
 static int n_pass, n_fail, n_skip;
 static char tmpdir[256] = "/tmp/q8test.XXXXXX";
@@ -47,6 +62,15 @@ static void check(int ok, const char *name, const char *fmt, ...) {
 static void skip(const char *name, const char *why) {
     printf("SKIP %s: %s\n", name, why);
     n_skip++;
+}
+
+// Runs a group of tests, then prints its counts and time.
+static void run_group(const char *name, void (*group)(void)) {
+    const int p = n_pass, f = n_fail, s = n_skip;
+    const long t0 = time_in_us();
+    group();
+    printf("== %s: %d passed, %d failed, %d skipped (%.1f s)\n", name, n_pass - p, n_fail - f, n_skip - s,
+           (time_in_us() - t0) / 1e6);
 }
 
 // ----------------------------------------------------------------------------
@@ -898,6 +922,31 @@ static void test_synthetic(void) {
     sh("rm -f %s %s %s %s", a, b, c, f);
 }
 
+// ----------------------------------------------------------------------------
+// The CPU groups
+
+static void test_cpu(void) {
+    test_cpu_forward();
+    test_cpu_batch();
+    test_topp_sampling();
+}
+static void test_files(void) {
+    test_loaders();
+    test_synthetic();
+}
+static void test_tokenizers(void) {
+    test_bad_tokenizers();
+    test_tokenizer_file(model_path("tok512.bin"), 512);
+    test_tokenizer_file("tokenizer.bin", 32000);
+    test_encode_reference(model_path("tok512.bin"), 512);
+    test_encode_reference("tokenizer.bin", 32000);
+}
+static void test_agreement(void) {
+    test_greedy_agreement("stories260K.bin", 200, 40);
+    if (quick) skip("code15M int8 greedy agreement", "--quick");
+    else test_greedy_agreement("code15M.bin", 60, 40);
+}
+
 #define N_GPU_GROUPS 7   // test groups skipped as one each when there is no GPU
 #ifdef HAVE_GPU
 
@@ -915,19 +964,6 @@ static void dev_poison(float *d, size_t n) {
     gpu_upload(d, nan, n * sizeof(float));
 }
 
-// The float64 reference of y (M, N) = x W^T, and sum_k |w x| per output (the error scale).
-static void linear_ref(const Mat *w, const float *x, int M, double *ref, double *mag) {
-    for (int m = 0; m < M; m++)
-        for (int r = 0; r < w->rows; r++) {
-            double sum = 0, abs_sum = 0;
-            for (int k = 0; k < w->cols; k++) {
-                double t = wval(w, r, k) * x[(size_t)m * w->cols + k];
-                sum += t, abs_sum += fabs(t);
-            }
-            ref[(size_t)m * w->rows + r] = sum, mag[(size_t)m * w->rows + r] = abs_sum;
-        }
-}
-
 // y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
 // accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
 // failure or NULL.
@@ -940,44 +976,109 @@ static const char *check_ref(const float *y, const double *ref, const double *ma
     return NULL;
 }
 
-static const char *check_linear_tol(const float *y, const Mat *w, const float *x, int M, double rel, char *what) {
-    double *ref = talloc((size_t)M * w->rows * sizeof(double)), *mag = talloc((size_t)M * w->rows * sizeof(double));
-    linear_ref(w, x, M, ref, mag);
-    return check_ref(y, ref, mag, M, w->rows, rel, what);
-}
-
-static const char *check_linear(const float *y, const Mat *w, const float *x, int M, char *what) {
-    return check_linear_tol(y, w, x, M, 1e-5, what);
-}
-
 // The tensor-core kernels' bounds, relative to sum_k |w x|: mma.sync rounds only x to FP16
 // (2^-11 = 4.88e-4 per element); wgmma also the scaled scale and the scaled weight (3 x 2^-11);
 // plus FP32 accumulation.
 #define MMA_REL_TOL 6e-4
 #define WGMMA_REL_TOL 1.6e-3
 
-// gpu_matmul_q8_fused_norm: y = (rmsnorm(x) * g) W^T against float64, g random (and, for odd M,
-// one float off 16-byte alignment: the kernel's scalar path). d: W on the device, h: on the host.
-static const char *check_norm_folded(const Mat *d, const Mat *h, const float *x, const float *dx, float *dy, float *y, int M,
-                                     char *what) {
-    int K = h->cols, N = h->rows;
-    float *g = talloc((K + 1) * sizeof(float)), *xn = talloc((size_t)M * K * sizeof(float));
-    for (int k = 0; k <= K; k++) g[k] = nrand();
-    const float *gk = g + M % 2;
+// The INT8 kernels, each with its tolerance relative to sum_k |w x|, and whether it folds a norm.
+typedef struct {
+    LinearKernel k;
+    double tol;
+    int folds;
+} KernelCase;
+static const KernelCase int8_kernels[] = {
+    {LINEAR_GEMV, 1e-5, 1},      {LINEAR_GEMV_TALL, 1e-5, 1}, {LINEAR_GEMV_COPY, 1e-5, 1},
+    {LINEAR_MMA, MMA_REL_TOL, 0}, {LINEAR_WGMMA, WGMMA_REL_TOL, 0}, {LINEAR_DEQUANT_SGEMM, 1e-5, 0},
+};
+#define N_INT8_KERNELS (int)(sizeof int8_kernels / sizeof int8_kernels[0])
+
+static LinearCall plain_call(const Mat *d, const float *dx, float *dy, int M, int accumulate, const float *norm_w) {
+    return (LinearCall){.form = LINEAR_PLAIN, .M = M, .x = dx, .w = {d}, .y = dy, .accumulate = accumulate, .norm_w = norm_w};
+}
+
+// One kernel on one call, its output poisoned first, or (accumulate) set to y0 and y0 subtracted
+// after: y (M, N) on the host.
+static void run_kernel(LinearKernel k, const LinearCall *c, float *y, const float *y0, int N) {
+    const size_t n = (size_t)c->M * N;
+    if (y0) gpu_upload(c->y, y0, n * sizeof(float));
+    else dev_poison(c->y, n);
+    gpu_linear(gctx, k, c);
+    gpu_download(gctx, y, c->y, n * sizeof(float));
+    if (y0)
+        for (size_t i = 0; i < n; i++) y[i] -= y0[i];   // includes y0's rounding
+}
+
+// x RMSNorm'd with g in float64, rounded to float: the input a folded norm must reproduce.
+static float *normed_input(const float *x, const float *g, int M, int K) {
+    float *xn = talloc((size_t)M * K * sizeof(float));
     for (int m = 0; m < M; m++) {
         double ss = 0;
         for (int k = 0; k < K; k++) ss += (double)x[(size_t)m * K + k] * x[(size_t)m * K + k];
         double inv = 1.0 / sqrt(ss / K + 1e-5);
-        for (int k = 0; k < K; k++) xn[(size_t)m * K + k] = (float)(x[(size_t)m * K + k] * inv * gk[k]);
+        for (int k = 0; k < K; k++) xn[(size_t)m * K + k] = (float)(x[(size_t)m * K + k] * inv * g[k]);
     }
+    return xn;
+}
+
+// Every INT8 kernel that fits (d: W on the device, wd: W in double) at M tokens against float64:
+// plain, accumulating onto random y0, and, for the kernels that fold the RMSNorm, with a random
+// norm folded in (for odd M its weights one float off 16-byte alignment: the scalar path).
+// fails[i]: kernel i's first failure; ran[i]: set where it fit.
+static void check_kernels_at(const Mat *d, const double *wd, int M, const char **fails, int *ran, char what[][200]) {
+    const int N = d->rows, K = d->cols;
+    float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
+    float *y0 = talloc((size_t)M * N * sizeof(float)), *g = talloc((K + 1) * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
+    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = nrand();
+    for (int k = 0; k <= K; k++) g[k] = nrand();
     double *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
-    linear_ref(h, xn, M, ref, mag);
+    double *nref = talloc((size_t)M * N * sizeof(double)), *nmag = talloc((size_t)M * N * sizeof(double));
+    linear_ref_f64(wd, N, K, x, M, ref, mag);
+    linear_ref_f64(wd, N, K, normed_input(x, g + M % 2, M, K), M, nref, nmag);
+    float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
     float *dg = dev_put(g, (K + 1) * sizeof(float));
-    dev_poison(dy, (size_t)M * N);
-    gpu_matmul_q8_fused_norm(gctx, dy, dx, M, d, 0, dg + M % 2);
-    gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-    gpu_free(dg);
-    return check_ref(y, ref, mag, M, N, 1e-5, what);
+    for (int i = 0; i < N_INT8_KERNELS; i++) {
+        const KernelCase *kc = &int8_kernels[i];
+        LinearCall c = plain_call(d, dx, dy, M, 0, NULL);
+        if (!gpu_linear_fits(gctx, kc->k, &c)) continue;
+        ran[i] = 1;
+        run_kernel(kc->k, &c, y, NULL, N);
+        if (!fails[i]) fails[i] = check_ref(y, ref, mag, M, N, kc->tol, what[i]);
+        c.accumulate = 1;
+        run_kernel(kc->k, &c, y, y0, N);
+        if (!fails[i]) fails[i] = check_ref(y, ref, mag, M, N, kc->tol + 1e-5, what[i]);
+        c = plain_call(d, dx, dy, M, 0, dg + M % 2);
+        if (!kc->folds || !gpu_linear_fits(gctx, kc->k, &c)) continue;
+        run_kernel(kc->k, &c, y, NULL, N);
+        if (!fails[i]) fails[i] = check_ref(y, nref, nmag, M, N, 1e-5, what[i]);
+    }
+    gpu_free(dx), gpu_free(dy), gpu_free(dg);
+}
+
+// The dequant kernel: exactly q * s.
+static const char *check_dequant(const Mat *d, const Mat *h, char *what) {
+    const int N = h->rows, K = h->cols;
+    float *dq = gpu_alloc((size_t)N * K * sizeof(float)), *hq = talloc((size_t)N * K * sizeof(float));
+    dev_poison(dq, (size_t)N * K);
+    gpu_dequant(gctx, dq, d);
+    gpu_download(gctx, hq, dq, (size_t)N * K * sizeof(float));
+    gpu_free(dq);
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        if (!(hq[i] == (float)wval(h, (int)(i / K), (int)(i % K)))) {
+            snprintf(what, 200, "N %d: element %zu is %g, expected %g", N, i, hq[i], wval(h, (int)(i / K), (int)(i % K)));
+            return what;
+        }
+    return NULL;
+}
+
+// A random INT8 weight on the device (d) and the host (h), and its values in double.
+static double *device_weight(int N, int K, int gs, Mat *h, Mat *d) {
+    *h = random_mat(N, K, 1, gs, 1.0f / sqrtf(K));
+    *d = *h;
+    d->q = dev_put(h->q, (size_t)N * h->stride), d->s = dev_put(h->s, (size_t)N * h->groups * sizeof(float));
+    return mat_to_f64(h);
 }
 
 // The first index of the maximum of v (n), NaN never the maximum, 0 if nothing beats -inf: what
@@ -1163,126 +1264,70 @@ static void test_gpu_sample(void) {
     check(!fail, name, "%s", what);
 }
 
+// Whether kernel k must fit at least one of a sweep's calls of group size gs on this GPU.
+static int must_fit(LinearKernel k, int gs) {
+    const int pow2 = gs % 16 == 0 && (gs & (gs - 1)) == 0;
+    if (k == LINEAR_MMA) return gs % 64 == 0;
+    if (k == LINEAR_WGMMA) return gs % 64 == 0 && gpu_has_sm90a();
+    if (k == LINEAR_GEMV_COPY) return pow2 && gpu_has_sm90a();
+    if (k == LINEAR_GEMV_TALL) return pow2;
+    return 1;
+}
+
+// Every INT8 linear kernel against a float64 reference on random data, over K = 64, 172, 4096,
+// 200, 11008 (not multiples of the group size or the tiles too), group sizes 32, 64, 128 and 8
+// (scales per weight), N = 1, 37, 130 and M from 1 up to 512 (257 for K = 11008: the FP16 x
+// scratch); each where it fits (gpu_linear_fits): plain, accumulating and with the norm folded.
 static void test_gpu_linear(void) {
-    const int tma = gpu_set_gemv_tma(gctx, 1);   // M = 1 through the copy-engine GEMV, where this GPU has it
-    // M: the odd sizes, then the kernel table's (bench/kernel_bench --across-m) up to 512; M > 257
-    // with K <= 4096 only (the FP16 x scratch)
     int Ks[] = {64, 172, 4096, 200, 11008}, gss[] = {32, 64, 128, 8}, Ns[] = {1, 37, 130};
     int Ms[] = {1, 3, 33, 2, 7, 16, 100, 257, 4, 8, 32, 64, 128, 256, 512};
     // --quick (instrumented runs): the first three K and M, every group size and N
     for (size_t ki = 0; ki < (quick ? 3 : sizeof Ks / sizeof Ks[0]); ki++)
         for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
-            int K = Ks[ki], gs = gss[gi];
-            char what[200] = "", name[160];
-            const char *fail_fused = NULL, *fail_unfused = NULL, *fail_dequant = NULL, *fail_acc = NULL, *fail_mma = NULL, *fail_wg = NULL;
-            const char *fail_norm = NULL, *fail_regfed = NULL;
-            int mma = 0;
+            const int K = Ks[ki], gs = gss[gi];
+            char what[N_INT8_KERNELS + 1][200], name[200];
+            const char *fails[N_INT8_KERNELS] = {0}, *fail_dequant = NULL;
+            int ran[N_INT8_KERNELS] = {0};
             for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
-                int N = Ns[ni];
-                Mat h = random_mat(N, K, 1, gs, 1.0f / sqrtf(K));
-                Mat d = h;
-                d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
-                // dequant: exactly q * s
-                float *dq = gpu_alloc((size_t)N * K * sizeof(float)), *hq = talloc((size_t)N * K * sizeof(float));
-                dev_poison(dq, (size_t)N * K);
-                gpu_dequant(gctx, dq, &d);
-                gpu_download(gctx, hq, dq, (size_t)N * K * sizeof(float));
-                for (size_t i = 0; i < (size_t)N * K && !fail_dequant; i++)
-                    if (!(hq[i] == (float)wval(&h, (int)(i / K), (int)(i % K)))) {
-                        snprintf(what, sizeof what, "N %d: element %zu is %g, expected %g", N, i, hq[i], wval(&h, (int)(i / K), (int)(i % K)));
-                        fail_dequant = what;
-                    }
-                gpu_free(dq);
-                for (size_t mi = 0; mi < (quick ? 3 : sizeof Ms / sizeof Ms[0]); mi++) {
-                    int M = Ms[mi];
-                    if (M > 257 && K > 4096) continue;
-                    float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
-                    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
-                    double *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
-                    linear_ref(&h, x, M, ref, mag);
-                    float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
-                    mma = gpu_matmul_q8_mma_supported(&d);
-                    // paths: fused, unfused, then (gs % 64 == 0) mma.sync and wgmma, each at every M
-                    for (int path = 0; path < (mma ? 4 : 2); path++) {
-                        dev_poison(dy, (size_t)M * N);
-                        if (path == 0) gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 0);
-                        else if (path == 1) gpu_matmul_q8_unfused(gctx, dy, dx, M, &d, 0);
-                        else gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 0, path == 2 ? TC_MMA_SYNC : TC_WGMMA);
-                        gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                        const char **slot = path == 0 ? &fail_fused : path == 1 ? &fail_unfused : path == 2 ? &fail_mma : &fail_wg;
-                        if (!*slot) *slot = check_ref(y, ref, mag, M, N, path == 2 ? MMA_REL_TOL : path == 3 ? WGMMA_REL_TOL : 1e-5, what);
-                    }
-                    if (M == 1) {   // the register-fed GEMV, which the copy-engine one replaces where it applies
-                        gpu_set_gemv_tma(gctx, 0);
-                        dev_poison(dy, N);
-                        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d, 0);
-                        gpu_download(gctx, y, dy, N * sizeof(float));
-                        if (!fail_regfed) fail_regfed = check_ref(y, ref, mag, 1, N, 1e-5, what);
-                        gpu_set_gemv_tma(gctx, tma);
-                    }
-                    // accumulate: y0 + x W^T, from a random y0
-                    float *y0 = talloc((size_t)M * N * sizeof(float));
-                    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = nrand();
-                    gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
-                    gpu_matmul_q8_fused(gctx, dy, dx, M, &d, 1);
-                    gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                    for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];
-                    if (!fail_acc) fail_acc = check_ref(y, ref, mag, M, N, 1e-5, what);
-                    for (int kernel = TC_MMA_SYNC; mma && kernel <= TC_WGMMA; kernel++) {   // the tensor-core kernels' accumulate
-                        gpu_upload(dy, y0, (size_t)M * N * sizeof(float));
-                        gpu_matmul_q8_tc(gctx, dy, dx, M, &d, 1, kernel);
-                        gpu_download(gctx, y, dy, (size_t)M * N * sizeof(float));
-                        for (size_t i = 0; i < (size_t)M * N; i++) y[i] -= y0[i];   // includes y0's rounding
-                        const char **slot = kernel == TC_MMA_SYNC ? &fail_mma : &fail_wg;
-                        if (!*slot) *slot = check_ref(y, ref, mag, M, N, (kernel == TC_MMA_SYNC ? MMA_REL_TOL : WGMMA_REL_TOL) + 1e-5, what);
-                    }
-                    if (!fail_norm) fail_norm = check_norm_folded(&d, &h, x, dx, dy, y, M, what);
-                    gpu_free(dx), gpu_free(dy);
-                }
+                Mat h, d;
+                double *wd = device_weight(Ns[ni], K, gs, &h, &d);
+                if (!fail_dequant) fail_dequant = check_dequant(&d, &h, what[N_INT8_KERNELS]);
+                for (size_t mi = 0; mi < (quick ? 3 : sizeof Ms / sizeof Ms[0]); mi++)
+                    if (!(Ms[mi] > 257 && K > 4096)) check_kernels_at(&d, wd, Ms[mi], fails, ran, what);
+                free(wd);
                 gpu_free((void *)d.q), gpu_free((void *)d.s);
                 arena_free();
             }
-            snprintf(name, sizeof name, "gpu fused q8 matmul K=%d gs=%d, N 1/37/130 x M 1..%d, vs float64%s", K, gs, quick ? 33 : K > 4096 ? 257 : 512,
-                     tma && gs % 16 == 0 && (gs & (gs - 1)) == 0 ? " (M = 1: the copy-engine GEMV)" : "");
-            check(!fail_fused, name, "%s", fail_fused);
-            snprintf(name, sizeof name, "gpu register-fed q8 GEMV (M = 1) K=%d gs=%d, N 1/37/130, vs float64", K, gs);
-            check(!fail_regfed, name, "%s", fail_regfed);
-            snprintf(name, sizeof name, "gpu fused q8 matmul accumulating (y += x W^T) K=%d gs=%d", K, gs);
-            check(!fail_acc, name, "%s", fail_acc);
-            snprintf(name, sizeof name, "gpu fused q8 matmul with the RMSNorm folded in (y = (rmsnorm(x) g) W^T) K=%d gs=%d", K, gs);
-            check(!fail_norm, name, "%s", fail_norm);
-            snprintf(name, sizeof name, "gpu unfused dequant+cuBLAS K=%d gs=%d, vs float64", K, gs);
-            check(!fail_unfused, name, "%s", fail_unfused);
+            for (int i = 0; i < N_INT8_KERNELS; i++) {
+                const LinearKernel k = int8_kernels[i].k;
+                snprintf(name, sizeof name, "gpu %s K=%d gs=%d, N 1/37/130 x M 1..%d where it fits: plain, accumulating%s, vs float64 (%.0e sum|w x|)",
+                         gpu_linear_name(k), K, gs, quick ? 33 : K > 4096 ? 257 : 512, int8_kernels[i].folds ? ", norm folded" : "",
+                         int8_kernels[i].tol);
+                if (!must_fit(k, gs)) snprintf(name, sizeof name, "gpu %s K=%d gs=%d: reported unsupported", gpu_linear_name(k), K, gs);
+                if (ran[i] != must_fit(k, gs)) check(0, name, ran[i] ? "ran, where it must not fit" : "never fit a call");
+                else check(!fails[i], name, "%s", fails[i]);
+            }
             snprintf(name, sizeof name, "gpu dequant kernel K=%d gs=%d == q * s exactly", K, gs);
             check(!fail_dequant, name, "%s", fail_dequant);
-            snprintf(name, sizeof name, "gpu tensor-core (mma.sync) q8 matmul K=%d gs=%d, within 6e-4 sum|w x| (x in FP16)", K, gs);
-            if (gs % 64 == 0) check(mma && !fail_mma, name, "%s", mma ? fail_mma : "reported unsupported");
-            else check(!mma, name, "gs %d must be reported unsupported", gs);
-            snprintf(name, sizeof name, "gpu tensor-core (wgmma) q8 matmul K=%d gs=%d, within 1.6e-3 sum|w x|", K, gs);
-            if (gs % 64 == 0) check(!fail_wg, name, "%s", fail_wg);
         }
-    // layer-sized shapes at M = 1
+    // layer-sized shapes at M = 1, every kernel that fits
     int big[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {256, 2048}};
-    for (int b = 0; b < 8; b++) {   // the copy-engine GEMV (where available), then the register-fed one
-        const int on = gpu_set_gemv_tma(gctx, b < 4 && tma);
-        if (b < 4 && !on) continue;
-        int N = big[b % 4][0], K = big[b % 4][1];
-        Mat h = random_mat(N, K, 1, 128, 1.0f / sqrtf(K)), d = h;
-        d.q = dev_put(h.q, (size_t)N * h.stride), d.s = dev_put(h.s, (size_t)N * h.groups * sizeof(float));
-        float *x = talloc(K * sizeof(float)), *y = talloc(N * sizeof(float));
-        for (int i = 0; i < K; i++) x[i] = nrand();
-        float *dx = dev_put(x, K * sizeof(float)), *dy = gpu_alloc(N * sizeof(float));
-        dev_poison(dy, N);
-        gpu_matmul_q8_fused(gctx, dy, dx, 1, &d, 0);
-        gpu_download(gctx, y, dy, N * sizeof(float));
-        char what[200], name[128];
-        const char *f = check_linear(y, &h, x, 1, what);
-        snprintf(name, sizeof name, "gpu fused q8 GEMV %dx%d gs 128 vs float64 (%s)", N, K, on ? "copy-engine" : "register-fed");
-        check(!f, name, "%s", f);
-        gpu_free(dx), gpu_free(dy), gpu_free((void *)d.q), gpu_free((void *)d.s);
+    for (int b = 0; b < 4; b++) {
+        Mat h, d;
+        double *wd = device_weight(big[b][0], big[b][1], 128, &h, &d);
+        char what[N_INT8_KERNELS][200], name[160];
+        const char *fails[N_INT8_KERNELS] = {0};
+        int ran[N_INT8_KERNELS] = {0};
+        check_kernels_at(&d, wd, 1, fails, ran, what);
+        for (int i = 0; i < N_INT8_KERNELS; i++) {
+            if (!ran[i]) continue;
+            snprintf(name, sizeof name, "gpu %s %dx%d gs 128, M = 1, vs float64", gpu_linear_name(int8_kernels[i].k), big[b][0], big[b][1]);
+            check(!fails[i], name, "%s", fails[i]);
+        }
+        free(wd);
+        gpu_free((void *)d.q), gpu_free((void *)d.s);
         arena_free();
     }
-    gpu_set_gemv_tma(gctx, tma);
 }
 
 // A random model written as llama2.c v1 FP32, its Q8LM quantization (gs), and optionally the
@@ -1306,6 +1351,8 @@ static double rel_l2_f(const float *a, const float *b, size_t n) {
 // The GPU configurations compared with the CPU. Tolerances on the logits' relative L2 error:
 // 1e-4 where only FP32 summation order differs; FP16 KV cache: K and V rounded to FP16 (unit
 // roundoff 4.9e-4); FP16 weights and inputs: every product's factors rounded so.
+// Options spelled out: every switch off unless named (PATH_FUSED is 0).
+#define GPU_RUN(...) ((GpuOptions){__VA_ARGS__})
 typedef struct {
     const char *how;
     GpuOptions opt;
@@ -1314,18 +1361,26 @@ typedef struct {
     int int8_only;     // the --unfused path exists for INT8 weights only
 } GpuRun;
 static const GpuRun gpu_runs[] = {
-    {"graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0, 0}, 1e-4, -1, 0},
-    {"no graph", {PATH_FUSED, 0, 0, 1, 0, 0, 0, 0}, 1e-4, 0, 0},
-    {"graph, no PDL", {PATH_FUSED, 1, 0, 0, 0, 0, 0, 0}, 1e-4, 0, 0},
-    {"unfused, graph", {PATH_UNFUSED, 1, 0, 1, 0, 0, 0, 0}, 1e-4, -1, 1},
-    {"unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, 0, 0, 0}, 1e-4, 3, 1},
-    {"FP16 KV cache", {PATH_FUSED, 1, 1, 1, 0, 0, 0, 0}, 3e-3, -1, 0},
-    {"tensor-core prefill", {PATH_FUSED, 1, 0, 1, 1, 0, 0, 0}, 3e-3, -1, 0},
-    {"FP16 weights (--fp16)", {PATH_FP16, 1, 1, 1, 0, 0, 0, 0}, 1e-2, -1, 0},
+    {"graph", GPU_RUN(.use_graph = 1, .pdl = 1), 1e-4, -1, 0},
+    {"no graph", GPU_RUN(.pdl = 1), 1e-4, 0, 0},
+    {"graph, no PDL", GPU_RUN(.use_graph = 1), 1e-4, 0, 0},
+    {"unfused, graph", GPU_RUN(.path = PATH_UNFUSED, .use_graph = 1, .pdl = 1), 1e-4, -1, 1},
+    {"unfused, no graph", GPU_RUN(.path = PATH_UNFUSED, .pdl = 1), 1e-4, 3, 1},
+    {"FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1), 3e-3, -1, 0},
+    {"tensor-core prefill", GPU_RUN(.use_graph = 1, .pdl = 1, .tensor_cores = 1), 3e-3, -1, 0},
+    {"FP16 weights (--fp16)", GPU_RUN(.path = PATH_FP16, .use_graph = 1, .kv_half = 1, .pdl = 1), 1e-2, -1, 0},
+    {"no norm folding", GPU_RUN(.use_graph = 1, .pdl = 1, .no_norm_fold = 1), 1e-4, -1, 0},
     // where the GPU has no copy engine for it, these run the register-fed GEMV again
-    {"copy-engine GEMV, graph", {PATH_FUSED, 1, 0, 1, 0, 0, 0, 1}, 1e-4, -1, 0},
-    {"copy-engine GEMV, no graph, no PDL", {PATH_FUSED, 0, 0, 0, 0, 0, 0, 1}, 1e-4, 8, 0},
+    {"copy-engine GEMV, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .tma_gemv = 1), 1e-4, -1, 0},
+    {"copy-engine GEMV, no graph, no PDL", GPU_RUN(.tma_gemv = 1), 1e-4, 9, 0},
 };
+
+// The executor's path, without its options ("gpu int8 fused").
+static const char *path_of(const Exec *e) {
+    static char path[160];
+    snprintf(path, sizeof path, "%.*s", (int)strcspn(e->desc, ";"), e->desc);
+    return path;
+}
 
 // Both executors over one file: logits of every position (batched prefill of `first`, then one by
 // one) must agree within each run's tolerance; then the greedy continuation must be identical
@@ -1353,7 +1408,7 @@ static void compare_executors(const char *label, const char *file, int T, int fi
         Exec g;
         int rc = gpu_exec_init(&g, &m, run->opt, err);
         snprintf(name, sizeof name, "%s: %s (%s) logits == cpu (relative L2 < %.0e, %d positions)", label,
-                 rc ? "gpu" : g.ops->name, run->how, run->tol, T);
+                 rc ? "gpu" : path_of(&g), run->how, run->tol, T);
         if (rc) {
             check(0, name, "gpu_exec_init: %s", err);
             continue;
@@ -1368,13 +1423,13 @@ static void compare_executors(const char *label, const char *file, int T, int fi
                 if (gg[same + 1] == BOS) same = greedy_n - 1;   // both stop here (the pipelined decode does)
                 same++;
             }
-            snprintf(name, sizeof name, "%s: %s (%s) greedy text == cpu for %d tokens", label, g.ops->name, run->how, greedy_n);
+            snprintf(name, sizeof name, "%s: %s (%s) greedy text == cpu for %d tokens", label, path_of(&g), run->how, greedy_n);
             check(same == greedy_n, name, "first difference at token %d", same);
         }
         if (run->same_as >= 0 && logits[run->same_as]) {
             double d = 0;
             for (size_t i = 0; i < (size_t)T * m.cfg.vocab_size; i++) d = fmax(d, fabs(got[i] - logits[run->same_as][i]));
-            snprintf(name, sizeof name, "%s: %s (%s) == (%s) bit for bit", label, g.ops->name, run->how,
+            snprintf(name, sizeof name, "%s: %s (%s) == (%s) bit for bit", label, path_of(&g), run->how,
                      gpu_runs[run->same_as].how);
             check(d == 0.0, name, "max difference %.3e", d);
         }
@@ -1402,11 +1457,13 @@ static void test_gpu_batch(void) {
     float *ref = batch_logits(&cpu, prompt, n, tok, B, steps);
     cpu.ops->release(&cpu);
     const GpuRun runs[] = {
-        {"batch, FP32 KV, SIMT", {PATH_FUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
-        {"batch, unfused", {PATH_UNFUSED, 1, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
-        {"batch, FP16 KV, tensor cores", {PATH_FUSED, 1, 1, 1, 1, B, context, 0}, 3e-3, -1, 0},
-        {"batch, FP16 KV, tensor cores, no graph", {PATH_FUSED, 0, 1, 1, 1, B, context, 0}, 3e-3, -1, 0},
-        {"batch, unfused, no graph", {PATH_UNFUSED, 0, 0, 1, 0, B, context, 0}, 1e-4, -1, 0},
+        {"batch, FP32 KV, SIMT", GPU_RUN(.use_graph = 1, .pdl = 1, .n_seqs = B, .context = context), 1e-4, -1, 0},
+        {"batch, unfused", GPU_RUN(.path = PATH_UNFUSED, .use_graph = 1, .pdl = 1, .n_seqs = B, .context = context), 1e-4, -1, 0},
+        {"batch, FP16 KV, tensor cores",
+         GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .tensor_cores = 1, .n_seqs = B, .context = context), 3e-3, -1, 0},
+        {"batch, FP16 KV, tensor cores, no graph",
+         GPU_RUN(.kv_half = 1, .pdl = 1, .tensor_cores = 1, .n_seqs = B, .context = context), 3e-3, -1, 0},
+        {"batch, unfused, no graph", GPU_RUN(.path = PATH_UNFUSED, .pdl = 1, .n_seqs = B, .context = context), 1e-4, -1, 0},
     };
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         Exec g;
@@ -1470,7 +1527,7 @@ static void test_gpu_long_context(void) {
 }
 
 // Sampled generation on stories260K with the tokens sampled on the device against the same run
-// sampling on the host (RUN_HOST_SAMPLE=1): identical logits either way, so identical text unless a
+// sampling on the host (--host-sample): identical logits either way, so identical text unless a
 // coin falls within rounding of a token's boundary (the test fails if one ever does for these
 // seeds). One sequence with top-p and without, and a --batch of 4.
 static void test_gpu_sampled_text(void) {
@@ -1483,7 +1540,7 @@ static void test_gpu_sampled_text(void) {
     for (int f = 0; f < 3; f++) {
         char *dev = tpath("sample_dev.txt"), *host = tpath("sample_host.txt"), name[160];
         int a = sh("./run %s -z %s -n 200 %s > %s 2>/dev/null", q8, tok, flags[f], dev);
-        int b = sh("RUN_HOST_SAMPLE=1 ./run %s -z %s -n 200 %s > %s 2>/dev/null", q8, tok, flags[f], host);
+        int b = sh("./run %s -z %s -n 200 %s --host-sample > %s 2>/dev/null", q8, tok, flags[f], host);
         size_t la = 0, lb = 0;
         char err[ERR_LEN];
         char *ta = read_file(dev, 1 << 20, &la, err), *tb = read_file(host, 1 << 20, &lb, err);
@@ -1540,7 +1597,7 @@ static void test_gpu_too_small(void) {
         return;
     }
     Exec e;
-    GpuOptions opt = {PATH_FUSED, 1, 1, 1, 1, 0, 0, 0};
+    GpuOptions opt = GPU_DEFAULTS;
     int rc = gpu_exec_init(&e, &m, opt, err);
     check(rc == GPU_TOO_SMALL && strstr(err, "GiB"), "gpu: a 176 GB checkpoint is refused (larger than GPU memory)",
           "rc %d: %s", rc, err);
@@ -1555,6 +1612,22 @@ static void test_gpu_too_small(void) {
     sh("rm -f %s", path);
 }
 
+static void test_gpu_kernels(void) {
+    gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
+    test_gpu_linear();
+    test_gpu_argmax();
+    test_gpu_sample();
+    gpu_destroy(gctx);
+}
+static void test_gpu_batches(void) {
+    test_gpu_too_small();
+    test_gpu_batch();
+}
+static void test_gpu_real(void) {
+    test_gpu_real_models();
+    test_gpu_sampled_text();
+}
+
 static void test_gpu(void) {
     char why[ERR_LEN];
     if (gpu_probe(why)) {
@@ -1566,22 +1639,13 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    if (!gpu_part || !strcmp(gpu_part, "linear")) {
-        gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
-        test_gpu_linear();
-        test_gpu_argmax();
-        test_gpu_sample();
-        gpu_destroy(gctx);
-    }
-    if (!gpu_part || !strcmp(gpu_part, "batch")) {
-        test_gpu_too_small();
-        test_gpu_batch();
-    }
-    // "models": the three groups below (instrumented, they run as parts of their own too)
+    // "models": the last three groups (instrumented, they run as parts of their own too)
     const int models = !gpu_part || !strcmp(gpu_part, "models");
-    if (models || !strcmp(gpu_part, "random")) test_gpu_random_models();
-    if (models || !strcmp(gpu_part, "long")) test_gpu_long_context();
-    if (models || !strcmp(gpu_part, "real")) test_gpu_real_models(), test_gpu_sampled_text();
+    if (!gpu_part || !strcmp(gpu_part, "linear")) run_group("gpu linear kernels, argmax, sampling", test_gpu_kernels);
+    if (!gpu_part || !strcmp(gpu_part, "batch")) run_group("gpu batches, a checkpoint too large", test_gpu_batches);
+    if (models || !strcmp(gpu_part, "random")) run_group("gpu random models", test_gpu_random_models);
+    if (models || !strcmp(gpu_part, "long")) run_group("gpu long contexts", test_gpu_long_context);
+    if (models || !strcmp(gpu_part, "real")) run_group("gpu real models", test_gpu_real);
 }
 #else
 static void test_gpu(void) {
@@ -1617,21 +1681,13 @@ int main(int argc, char **argv) {
         perror("mkdtemp");
         return 1;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);   // each line as it is printed, also into a pipe
     if (!gpu_only) {
-        test_quantize_row();
-        test_cpu_forward();
-        test_cpu_batch();
-        test_topp_sampling();
-        test_loaders();
-        test_synthetic();
-        test_bad_tokenizers();
-        test_tokenizer_file(model_path("tok512.bin"), 512);
-        test_tokenizer_file("tokenizer.bin", 32000);
-        test_encode_reference(model_path("tok512.bin"), 512);
-        test_encode_reference("tokenizer.bin", 32000);
-        test_greedy_agreement("stories260K.bin", 200, 40);
-        if (quick) skip("code15M int8 greedy agreement", "--quick");
-        else test_greedy_agreement("code15M.bin", 60, 40);
+        run_group("quantizer", test_quantize_row);
+        run_group("cpu forward, batches, sampling", test_cpu);
+        run_group("loaders, synthetic checkpoints", test_files);
+        run_group("tokenizers", test_tokenizers);
+        run_group("greedy agreement int8 vs fp32", test_agreement);
     }
     test_gpu();
     sh("rm -rf %s", tmpdir);

@@ -21,6 +21,7 @@
 #define ROW_ALIGN     16            // INT8 rows are padded to a multiple of 16 bytes: 16-byte GPU loads
 #define SECTION_ALIGN 64            // every tensor section of a Q8LM file starts 64-byte aligned
 #define ERR_LEN       512
+#define BOS           1             // llama2.c's models: token 1 begins a sequence; generating it ends one
 
 enum { FMT_V0 = 0, FMT_V1 = 1, FMT_V2 = 2, FMT_Q8LM = 3 };
 

@@ -25,9 +25,11 @@ void gpu_mem_info(size_t *free_bytes, size_t *total_bytes);
 GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats);
 // Programmatic dependent launch for the kernels launched from now on (on by default).
 void gpu_set_pdl(GpuCtx *g, int on);
+// Whether this GPU runs the copy-engine GEMV and the wgmma kernel (compute capability 9.0, for
+// which this build carries sm_90a machine code).
+int gpu_has_sm90a(void);
 void gpu_destroy(GpuCtx *g);
 const char *gpu_name(void);
-void *gpu_stream(GpuCtx *g);   // its cudaStream_t, for timing with events
 
 void *gpu_alloc(size_t bytes);                                     // zero-filled
 void gpu_free(void *p);
@@ -45,57 +47,64 @@ GpuGraph *gpu_graph_end(GpuCtx *g);
 void gpu_graph_launch(GpuCtx *g, GpuGraph *graph);
 void gpu_graph_free(GpuGraph *graph);
 
-// Linear layers: y (M, N) = x (M, K) W^T, W (N, K) given as a Mat with device pointers; x rows
-// are K floats apart, y rows N. accumulate: y += x W^T instead (the residual add, fused).
-void gpu_matmul_q8_fused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
-// RMSNorm folded in (this and the two below): norm_w non-NULL means x is the un-normalised
-// residual stream and the layer's input is rmsnorm(x) * norm_w (K weights), done on the fly.
-void gpu_matmul_q8_fused_norm(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, const float *norm_w);
-// Whether a norm folded into that launch costs no more than its own kernel (else the caller runs it first).
-int gpu_fold_norm_pays(GpuCtx *g, int M, const Mat *w);
-// The attention's q, k, v (three INT8 weights of one K) in one launch, with RoPE applied at the
-// step's positions to q and k in the epilogue, and k, v stored into rows pos..pos+M-1 of the
-// layer's caches (seq_len, kv_dim), FP16 if kv_half: gpu_rope_store's work without its launch.
-// q (M, dim) is written.
-void gpu_matmul_q8_qkv_rope(GpuCtx *g, float *q, const float *x, int M, const Mat *wq, const Mat *wk, const Mat *wv,
-                            void *key_cache, void *value_cache, int head_size, int kv_half, size_t seq_stride,
-                            const float *norm_w);
-// h (M, N) = silu(x w1^T) * (x w3^T): both INT8 weights in one launch, the SwiGLU in its epilogue.
-void gpu_matmul_q8_swiglu(GpuCtx *g, float *h, const float *x, int M, const Mat *w1, const Mat *w3, const float *norm_w);
-// The same product on the tensor cores (mma.sync, FP16 inputs, FP32 accumulation): x converted to
-// FP16 once into the context's half scratch (half_floats >= M * K), W int8 dequantized exactly to
-// FP16 in registers, each 64-wide step's partial sums scaled in FP32. Error: x's rounding to FP16,
-// at most about 4.9e-4 * sum_k |w x| per output. Needs gs % 64 == 0 (supported() says).
-// From 128 tokens on (and on compute capability 9.0), a wgmma kernel takes over: the group scale is
-// then applied to the weights in FP16 (each row's scales first shifted by a power of two into
-// FP16's range), so its bound is about 1.5e-3 * sum_k |w x|.
-int gpu_matmul_q8_mma_supported(const Mat *w);
-void gpu_matmul_q8_mma(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);
-// The same with the kernel chosen: TC_AUTO (by M, as above), TC_MMA_SYNC or TC_WGMMA (tests, bench).
-enum { TC_AUTO, TC_MMA_SYNC, TC_WGMMA };
-void gpu_matmul_q8_tc(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate, int kernel);
-void gpu_dequant(GpuCtx *g, float *dst, const Mat *w);   // INT8 -> FP32 (N, K) dense
-void gpu_matmul_f32(GpuCtx *g, float *y, const float *x, int M, const float *W, int N, int K, int ldw, int accumulate);
-void gpu_matmul_q8_unfused(GpuCtx *g, float *y, const float *x, int M, const Mat *w, int accumulate);   // dequant + cuBLAS
-// The FP16 baseline: W (N, K) dense FP16 resident in device memory, cuBLAS GEMM, FP32 output.
-void gpu_matmul_f16(GpuCtx *g, float *y, const float *x, int M, const void *W, int N, int K, int accumulate);
-void gpu_to_half(GpuCtx *g, void *dst, const Mat *w);   // dst (rows, cols) FP16 = W
-// At M = 1 on compute capability 9.0 the fused products above run a GEMV fed by the copy engine
-// (bulk copies into a ring in shared memory) where it applies: on (gpu_create's default) or off
-// (the register-fed kernel everywhere, as on other GPUs). Returns whether it is now used.
-int gpu_set_gemv_tma(GpuCtx *g, int on);
-// Tuning only (bench/kernel_bench): the M = 1 fused kernel with rows per warp in {1, 2, 4} and
-// 16-byte chunks in flight per row in {2, 4, 8}; -1 if that combination is not built.
-int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks);
+// ---- Linear layers. engine/dispatch.c chooses the kernel of each call (choose_linear); these run
+// it. A call computes y (M, N) = x' (M, K) W^T for W = w[0] (N, K), a Mat of device pointers, where
+// x' = x, or rmsnorm(x) * norm_w when norm_w (K floats) is given: the GEMV kernels fold the norm
+// in (each warp sees all of x anyway: it sums the squares on the way and scales the finished sums).
+typedef enum {
+    LINEAR_GEMV,           // fused INT8 GEMV fed through registers: any GPU, any M, any group size
+    LINEAR_GEMV_TALL,      // its instance with 4 rows a warp instead of 2, for tall weights at M = 1
+    LINEAR_GEMV_COPY,      // fused INT8 GEMV fed by the copy engine (bulk copies into a ring in shared
+                           // memory, on mbarriers): M = 1, compute capability 9.0
+    LINEAR_MMA,            // fused INT8 GEMM on the tensor cores, mma.sync m16n8k16 (group size % 64 == 0)
+    LINEAR_WGMMA,          // the same with wgmma, 128 rows x 128 tokens a block (sm_90a)
+    LINEAR_DEQUANT_SGEMM,  // --unfused: the weight dequantized into FP32 scratch, then cuBLAS
+    LINEAR_SGEMM,          // FP32 weights (Mat.f): cuBLAS
+    LINEAR_HGEMM,          // FP16 weights (Mat.h, --fp16): cuBLAS, x converted to FP16 first
+    LINEAR_KERNELS
+} LinearKernel;
+const char *gpu_linear_name(LinearKernel k);
+
+// What one launch computes: one product (PLAIN); q, k and v of a layer with RoPE and the KV store
+// in the epilogue (QKV_ROPE); w1 and w3 with the SwiGLU (SWIGLU). The epilogue forms run on
+// LINEAR_GEMV and LINEAR_GEMV_COPY only.
+typedef enum { LINEAR_PLAIN, LINEAR_QKV_ROPE, LINEAR_SWIGLU } LinearForm;
+// QKV_ROPE: RoPE at the step's positions (gpu_set_inputs) applied to q and k, then k and v stored
+// into rows pos..pos+M-1 of the layer's caches (seq_len, kv_dim) instead of being written out.
+// seq_stride (here and for gpu_rope_store and gpu_attention): 0, the M tokens are one sequence at
+// pos..pos+M-1; else token m is sequence m's (a batch step), at pos, its caches seq_stride elements
+// after sequence m - 1's.
+typedef struct {
+    void *key_cache, *value_cache;   // FP16 elements if kv_half, else FP32
+    int head_size, kv_half;
+    size_t seq_stride;
+} KvStore;
+typedef struct {
+    LinearForm form;
+    int M;
+    const float *x;          // (M, K)
+    const Mat *w[3];         // PLAIN: w[0]; QKV_ROPE: wq, wk, wv (one K and group size); SWIGLU: w1, w3
+    float *y;                // (M, N): the product; QKV_ROPE: q; SWIGLU: silu(x' w1^T) * (x' w3^T)
+    int accumulate;          // PLAIN: y += x' W^T instead (the residual add)
+    const float *norm_w;     // (K) or NULL: the RMSNorm folded in (GEMV kernels)
+    KvStore kv;              // QKV_ROPE only
+} LinearCall;
+// Whether kernel k can serve the call on this GPU: the weights' type, M, the group size, alignment,
+// shared memory and scratch.
+int gpu_linear_fits(GpuCtx *g, LinearKernel k, const LinearCall *c);
+// Runs the call on kernel k (an internal error, exit 1, where k does not fit it). Error bounds,
+// against exact arithmetic: the SIMT and cuBLAS FP32 kernels, FP32 summation only. LINEAR_MMA
+// rounds x to FP16: at most about 4.9e-4 * sum_k |w x| per output. LINEAR_WGMMA also applies the
+// group scale in FP16 (each row's scales first shifted by a power of two into FP16's range):
+// about 1.5e-3 * sum_k |w x|. LINEAR_HGEMM: weights and x in FP16.
+void gpu_linear(GpuCtx *g, LinearKernel k, const LinearCall *c);
+void gpu_to_half(GpuCtx *g, void *dst, const Mat *w);   // dst (rows, cols) FP16 = W (for LINEAR_HGEMM)
 
 // The rest of the forward pass; tokens and position come from gpu_set_inputs.
 void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb);   // x (M, dim) = embedding rows
 void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n);
 // RoPE on q (M, dim) and k (M, kv_dim), then k and v (M, kv_dim) stored at rows pos..pos+M-1 of
-// the layer's caches (seq_len, kv_dim), FP16 elements when kv_half, else FP32.
-// seq_stride (here and for the attention): 0, the M tokens are one sequence at pos..pos+M-1;
-// else token m is sequence m's (a batch of sequences), at pos, its caches seq_stride elements
-// after sequence m - 1's.
+// the layer's caches (seq_len, kv_dim), FP16 elements when kv_half, else FP32 (seq_stride: KvStore).
 void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M, int dim,
                     int kv_dim, int head_size, int kv_half, size_t seq_stride);
 // out (M, n_heads * hs) = causal attention of q (M, n_heads * hs) at positions pos..pos+M-1 over

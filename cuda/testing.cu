@@ -1,0 +1,38 @@
+// testing.cu: what only the tests and benchmarks need from the GPU side (testing.h): the dequant
+// kernel alone, the register-fed GEMV's other tunings, the context's stream. The same kernel
+// sources as kernels.cu, in a translation unit of their own.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testing.h"
+
+#include "common.cuh"
+#include "dequant.cuh"
+#include "gemv.cuh"
+
+extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) { launch_dequant(g, dst, w); }
+
+extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
+
+extern "C" int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks) {
+    Q8Args a = q8_args(x, 1, 1, &w, &y, 0);
+    if (a.group_shift < 0) return -1;
+    switch (rows_per_warp * 10 + chunks) {
+    case 12: launch_q8<1, true, false, 1, 2>(g, a); return 0;
+    case 14: launch_q8<1, true, false, 1, 4>(g, a); return 0;
+    case 18: launch_q8<1, true, false, 1, 8>(g, a); return 0;
+    case 22: launch_q8<1, true, false, 2, 2>(g, a); return 0;
+    case 24: launch_q8<1, true, false, 2, 4>(g, a); return 0;
+    case 28: launch_q8<1, true, false, 2, 8>(g, a); return 0;
+    case 42: launch_q8<1, true, false, 4, 2>(g, a); return 0;
+    case 44: launch_q8<1, true, false, 4, 4>(g, a); return 0;
+    case 48: launch_q8<1, true, false, 4, 8>(g, a); return 0;
+    }
+    return -1;
+}
+

@@ -1,0 +1,204 @@
+// cpu.c: the CPU executor: plain C over the host weights, the reference every GPU result is
+// tested against. The INT8 matmul dequantizes group by group in its inner loop (the CPU analogue
+// of the fused kernel): no FP32 copy of the weights exists.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec.h"
+#include "sampler.h"   // softmax, argmax_row
+#include "util.h"
+
+static void cpu_embed(Exec *e, const int *tokens, int M) {
+    const Mat *t = &e->w->tok_embedding;
+    for (int m = 0; m < M; m++) {
+        float *x = e->s.x + (size_t)m * t->cols;
+        size_t row = (size_t)tokens[m];
+        if (t->f) {
+            memcpy(x, t->f + row * t->stride, t->cols * sizeof(float));
+            continue;
+        }
+        for (int j = 0; j < t->cols; j++) x[j] = t->q[row * t->stride + j] * t->s[row * t->groups + j / t->gs];
+    }
+}
+
+static void cpu_rmsnorm(Exec *e, float *out, const float *in, const float *w, int M) {
+    int n = e->cfg.dim;
+    for (int m = 0; m < M; m++) {
+        const float *x = in + (size_t)m * n;
+        float ss = 0.0f;
+        for (int j = 0; j < n; j++) ss += x[j] * x[j];
+        ss /= n;
+        ss += 1e-5f;
+        ss = 1.0f / sqrtf(ss);
+        for (int j = 0; j < n; j++) out[(size_t)m * n + j] = w[j] * (ss * x[j]);
+    }
+}
+
+// One output of an INT8 row: the dot product runs group by group, each group's integer weights
+// against the input, then times the group's scale: dequantization in the inner loop, as the GPU's
+// fused kernel does it, with no FP32 copy of the weights.
+static float dot_q8(const int8_t *q, const float *s, int cols, int gs, const float *x) {
+    float val = 0.0f;
+    for (int lo = 0, g = 0; lo < cols; lo += gs, g++) {
+        int hi = lo + gs < cols ? lo + gs : cols;
+        float sum = 0.0f;
+        for (int j = lo; j < hi; j++) sum += (float)q[j] * x[j];
+        val += sum * s[g];
+    }
+    return val;
+}
+
+// The input as plain rows: itself, or its RMSNorm in xb.
+static const float *cpu_apply_norm(Exec *e, Input in, int M) {
+    if (!in.norm_w) return in.x;
+    cpu_rmsnorm(e, e->s.xb, in.x, in.norm_w, M);
+    return e->s.xb;
+}
+
+// Each weight row is read once for all M inputs (prefill batches share the weight traffic).
+static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
+    const float *in = cpu_apply_norm(e, input, M);
+    int K = w->cols, N = w->rows;
+    for (int r = 0; r < N; r++) {
+        for (int m = 0; m < M; m++) {
+            const float *x = in + (size_t)m * K;
+            float val = 0.0f;
+            if (w->f) {
+                const float *row = w->f + (size_t)r * w->stride;
+                for (int j = 0; j < K; j++) val += row[j] * x[j];
+            } else {
+                val = dot_q8(w->q + (size_t)r * w->stride, w->s + (size_t)r * w->groups, K, w->gs, x);
+            }
+            if (accumulate) out[(size_t)m * N + r] += val;
+            else out[(size_t)m * N + r] = val;
+        }
+    }
+}
+
+static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
+    float *h = e->s.hb, *g = e->s.hb2;
+    const Input x = plain(cpu_apply_norm(e, in, M));
+    cpu_matmul(e, h, x, M, w1, 0);
+    cpu_matmul(e, g, x, M, w3, 0);
+    for (size_t i = 0; i < (size_t)M * w1->rows; i++) {
+        float val = h[i];
+        val *= (1.0f / (1.0f + expf(-val)));   // silu(x) = x * sigmoid(x)
+        h[i] = val * g[i];
+    }
+}
+
+// RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size); keys only cover
+// kv_dim. Same operations as llama2.c, so FP32 results match it bit for bit. Then the new keys
+// and values go into the cache rows pos..pos+M-1.
+static void cpu_rope_store(Exec *e, int layer, const Step *st) {
+    const Config *p = &e->cfg;
+    int dim = p->dim, head_size = dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
+    for (int m = 0; m < st->M; m++) {
+        float *q = e->s.q + (size_t)m * dim, *k = e->s.k + (size_t)m * kv_dim;
+        for (int i = 0; i < dim; i += 2) {
+            int head_dim = i % head_size;
+            float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
+            float val = token_pos(st, m) * freq, fcr = cosf(val), fci = sinf(val);
+            for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
+                float *vec = v == 0 ? q : k;
+                float v0 = vec[i], v1 = vec[i + 1];
+                vec[i] = v0 * fcr - v1 * fci;
+                vec[i + 1] = v0 * fci + v1 * fcr;
+            }
+        }
+    }
+    for (int m = 0; m < st->M; m++) {
+        size_t at = cache_offset(e, st, layer, m) + (size_t)token_pos(st, m) * kv_dim;
+        memcpy((float *)e->s.key_cache + at, e->s.k + (size_t)m * kv_dim, kv_dim * sizeof(float));
+        memcpy((float *)e->s.value_cache + at, e->s.v + (size_t)m * kv_dim, kv_dim * sizeof(float));
+    }
+}
+
+// Causal grouped-query attention: token m (at pos + m) attends to cache positions 0..pos+m;
+// query head h reads key/value head h / (n_heads / n_kv_heads).
+static void cpu_attention(Exec *e, int layer, const Step *st) {
+    const Config *p = &e->cfg;
+    int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads, kv_mul = p->n_heads / p->n_kv_heads;
+    float *att = e->s.att;
+    for (int m = 0; m < st->M; m++) {
+        int last = token_pos(st, m);
+        size_t loff = cache_offset(e, st, layer, m);
+        for (int h = 0; h < p->n_heads; h++) {
+            const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
+            for (int t = 0; t <= last; t++) {
+                const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+                float score = 0.0f;
+                for (int i = 0; i < head_size; i++) score += q[i] * k[i];
+                att[t] = score / sqrtf(head_size);
+            }
+            softmax(att, last + 1);
+            float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
+            memset(xb, 0, head_size * sizeof(float));
+            for (int t = 0; t <= last; t++) {
+                const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+                for (int i = 0; i < head_size; i++) xb[i] += att[t] * v[i];
+            }
+        }
+    }
+}
+
+static const float *cpu_to_host(Exec *e, const float *logits, int rows) {
+    (void)e, (void)rows;
+    return logits;
+}
+
+static int cpu_argmax(Exec *e, const float *logits) { return argmax_row(logits, e->cfg.vocab_size); }
+static void cpu_argmax_rows(Exec *e, const float *logits, int rows, int *out) {
+    for (int r = 0; r < rows; r++) out[r] = argmax_row(logits + (size_t)r * e->cfg.vocab_size, e->cfg.vocab_size);
+}
+
+static void host_copy(Exec *e, void *dst, const void *src, size_t bytes) {
+    (void)e;
+    memcpy(dst, src, bytes);
+}
+static void cpu_copy_cache(Exec *e, int rows) { for_each_cache_copy(e, rows, host_copy); }
+
+static void cpu_release(Exec *e) {
+    RunState *s = &e->s;
+    void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
+    (void)e;
+    if (n) buf[0] = '\0';
+}
+
+static const Ops cpu_ops = {
+    .name = "cpu",
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .qkv = qkv_by_matmul,
+    .ffn_up = cpu_ffn_up,
+    .rope_store = cpu_rope_store,
+    .attention = cpu_attention,
+    .apply_norm = cpu_apply_norm,
+    .to_host = cpu_to_host,
+    .argmax = cpu_argmax,
+    .argmax_rows = cpu_argmax_rows,
+    .copy_cache = cpu_copy_cache,
+    .describe_run = cpu_describe_run,
+    .release = cpu_release,
+};
+
+static void *host_alloc(size_t bytes) { return xcalloc(bytes, 1); }
+
+void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
+    memset(e, 0, sizeof *e);
+    e->ops = &cpu_ops;
+    snprintf(e->desc, sizeof e->desc, "cpu");
+    e->cfg = exec_config(m, context);
+    e->w = &m->w;
+    e->kv_bytes = sizeof(float);
+    e->n_seqs = n_seqs;
+    alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
+    e->s.att = xcalloc(e->cfg.seq_len, sizeof(float));
+}
+

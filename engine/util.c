@@ -1,0 +1,50 @@
+// util.c: checked allocation, whole-file reads, time.
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model.h"   // ERR_LEN
+
+void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n, size);
+    if (!p) {
+        fprintf(stderr, "run: out of memory allocating %zu bytes\n", n * size);
+        exit(1);
+    }
+    return p;
+}
+
+char *read_file(const char *path, size_t max_bytes, size_t *bytes, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, ERR_LEN, "%.300s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *data = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) snprintf(err, ERR_LEN, "%.300s: cannot determine its size", path);
+    else if ((size_t)n > max_bytes) snprintf(err, ERR_LEN, "%.300s: %ld bytes is more than the %zu allowed", path, n, max_bytes);
+    else if (!(data = malloc(n + 1))) snprintf(err, ERR_LEN, "%.300s: out of memory", path);
+    else if (fread(data, 1, n, f) != (size_t)n) {
+        snprintf(err, ERR_LEN, "%.300s: read error", path);
+        free(data);
+        data = NULL;
+    }
+    fclose(f);
+    if (data) {
+        data[n] = '\0';
+        *bytes = n;
+    }
+    return data;
+}
+
+long time_in_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000L + t.tv_nsec / 1000;
+}
