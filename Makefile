@@ -95,6 +95,12 @@ test: all tests/test_run
 
 bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o $(CUDA_SRC) cuda/testing.h engine/dispatch.h
 	$(NVCC) $(NVFLAGS) -Icuda -o $@ bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o -lcublas
+# bench/tune.sh: run built again with other values of the kernels' tuning constants (-DQ8_...)
+tune-variant: obj/run.o $(ENGINE_OBJ)
+	@mkdir -p $(TUNE_DIR)
+	$(NVCC) $(NVFLAGS) $(TUNE_DEFS) -c kernels.cu -o $(TUNE_DIR)/kernels.o
+	$(CC) -o $(TUNE_DIR)/run obj/run.o $(ENGINE_OBJ) $(TUNE_DIR)/kernels.o $(GPU_LIBS) $(LDLIBS)
+.PHONY: tune-variant
 bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench
 	@mkdir -p bench/out

@@ -78,16 +78,16 @@ for B in 1 2 4 8 16 32 64; do
         print B "," a "," p }' "$out/run.err"; fi
 done | tee -a "$out/batch.csv" | awk -F, '{ printf "7b --batch %-3s %9.1f tok/s aggregate, %8.1f per sequence\n", $1, $2, $3 }'
 # sampled (-t 0.8, top-p 0.9): the tokens drawn on the GPU (one int a sequence to the host), and
-# with RUN_HOST_SAMPLE=1 on the host (the 32000 logits of each sequence to it a step)
-sampled() {   # label, extra flags, environment
-    env $3 ./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0.8 -s 1 $2 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
+# with --host-sample on the host (the 32000 logits of each sequence to it a step)
+sampled() {   # label, extra flags
+    ./run "$q8" -z tokenizer.bin -p "$p5" -n 133 -t 0.8 -s 1 $2 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
     awk -v label="$1" '/decode/ || /^batch/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i; if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") a = $i } }
         END { printf "7b sampled (-t 0.8, top-p 0.9), %s: %.1f tok/s%s\n", label, a ? a : d, a ? " aggregate" : "" }' "$out/run.err"
 }
-sampled "batch 1, on the GPU" "" ""
-sampled "batch 1, on the host" "" RUN_HOST_SAMPLE=1
-sampled "--batch 16, on the GPU" "--batch 16" ""
-sampled "--batch 16, on the host" "--batch 16" RUN_HOST_SAMPLE=1
+sampled "batch 1, on the GPU" ""
+sampled "batch 1, on the host" "--host-sample"
+sampled "--batch 16, on the GPU" "--batch 16"
+sampled "--batch 16, on the host" "--batch 16 --host-sample"
 # speedups of the default fused path over the baselines, same run
 awk -F'|' '{ t[$1] = $4 } END {
     f = t["7b int8 fused (graph, PDL, FP16 KV)"]
