@@ -1,4 +1,4 @@
-// kernels.h: the GPU kernels as run.c sees them; this header is the executor's whole interface
+// kernels.h: the GPU kernels as the GPU executor (gpu.c, dispatch.c) sees them: its whole interface
 // to CUDA. Tensors are device pointers in row-major layouts given per function; everything runs on
 // the context's stream, and every CUDA and cuBLAS call and launch is checked (on failure: a message
 // naming the call, file and line, then exit 1). No file, flag or tokenizer is known here.

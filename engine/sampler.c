@@ -59,7 +59,7 @@ static uint32_t prob_key(float prob) {
 // LSD radix sort, a byte of the key per pass, through tmp (n); the four bytes' histograms in one
 // read, and a pass whose byte is the same for every item (the exponent, in a flat distribution)
 // skipped. Linear time: where top-p keeps nearly every token (flat distributions, such as random
-// weights' at -t 0.8) qsort took about 2.5-3.5 ms a token over 32000 candidates.
+// weights' at -t 0.8) qsort took milliseconds a token over 32000 candidates (bench/NOTES.md).
 void sort_by_prob(ProbIndex *items, ProbIndex *tmp, int n) {
     if (n < 2) return;
     int count[4][256] = {{0}};

@@ -7,8 +7,8 @@
 # report nothing. Ends with "N passed, N failed, N skipped".
 # Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch random long
 # real" by default, i.e. all of it); SUITE=0 (no suite); GENS=0 (no generations); JOBS=N (N runs
-# side by side, default 1: instrumented, the whole suite one run at a time takes far longer than
-# the device tool's 10 minutes a command); TIMEOUT=S (a run's limit in seconds, reported as a
+# side by side, default 1: instrumented, the whole suite one run at a time takes tens of minutes);
+# TIMEOUT=S (a run's limit in seconds, reported as a
 # failure). The kernels' mbarriers are raw PTX, which synccheck does not count from the module;
 # --num-cuda-barriers gives it room for them.
 set -u
