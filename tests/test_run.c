@@ -1174,7 +1174,12 @@ static int sample_exact(const float *row, int n, float temperature, float topp, 
         if (r < cdf[i]) token = items[i].index;
     if (n0 == 0) token = argmax_row(e, n);   // the host's flat-row case
     else if (token < 0) token = items[last].index;
-    *ok = got == token || (at >= 0 && at <= last_wide && r >= (at ? cdf[at - 1] : 0.0) - tol && r < cdf[at] + tol);
+    // Probabilities equal to within rounding (the device's expf and its float division by a tree
+    // sum) may come in either order: got may stand anywhere among those equal to its own.
+    int lo = at, hi = at;
+    while (lo > 0 && fabsf(items[lo - 1].prob - items[at].prob) <= 1e-6f * items[at].prob) lo--;
+    while (at >= 0 && hi + 1 < n0 && fabsf(items[hi + 1].prob - items[at].prob) <= 1e-6f * items[at].prob) hi++;
+    *ok = got == token || (at >= 0 && lo <= last_wide && r >= (lo ? cdf[lo - 1] : 0.0) - tol && r < cdf[hi] + tol);
     free(e), free(items), free(tmp), free(cdf);
     return token;
 }
