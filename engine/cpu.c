@@ -171,13 +171,17 @@ static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
     if (n) buf[0] = '\0';
 }
 
+static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
+    qkv_by_matmul(e, layer, in, st, wq, wk, wv);
+    cpu_rope_store(e, layer, st);
+}
+
 static const Ops cpu_ops = {
     .name = "cpu",
     .embed = cpu_embed,
     .matmul = cpu_matmul,
-    .qkv = qkv_by_matmul,
+    .qkv = cpu_qkv,
     .ffn_up = cpu_ffn_up,
-    .rope_store = cpu_rope_store,
     .attention = cpu_attention,
     .apply_norm = cpu_apply_norm,
     .to_host = cpu_to_host,

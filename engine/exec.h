@@ -62,15 +62,12 @@ typedef struct {
     void (*embed)(Exec *e, const int *tokens, int M);                   // x = rows of the embedding
     // out (M, rows) = in (M, cols) W^T; with accumulate, out += that instead (the residual add)
     void (*matmul)(Exec *e, float *out, Input in, int M, const Mat *w, int accumulate);
-    // q, k, v (the state's) = in W^T for the three attention weights of a layer. The GPU's fused
-    // path does them in one launch that also applies RoPE and stores k and v in the cache (its
-    // rope_store is then NULL).
+    // q, k, v (the state's) = in W^T for the three attention weights of a layer, then RoPE on q
+    // and k at the step's positions, and k and v stored in the layer's cache rows. (The GPU's fused
+    // path does it all in one launch.)
     void (*qkv)(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv);
     // hb = silu(in w1^T) * (in w3^T): the feed-forward's first half (one launch on the GPU)
     void (*ffn_up)(Exec *e, Input in, int M, const Mat *w1, const Mat *w3);
-    // RoPE on q and k of the step's tokens, then k and v stored in the layer's cache rows
-    // (optional: NULL where qkv does it)
-    void (*rope_store)(Exec *e, int layer, const Step *st);
     void (*attention)(Exec *e, int layer, const Step *st);              // xb = attention of q over the cache
     // in as plain rows: the input itself, or its RMSNorm written into the executor's scratch (xb)
     const float *(*apply_norm)(Exec *e, Input in, int M);

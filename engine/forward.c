@@ -34,7 +34,6 @@ static const float *run_step(Exec *e, const int *tokens, const Step *st, int all
     for (int l = 0; l < p->n_layers; l++) {
         // attention, with the residual add in the output projection
         o->qkv(e, l, normed(s->x, w->rms_att + (size_t)l * dim), st, &w->wq[l], &w->wk[l], &w->wv[l]);
-        if (o->rope_store) o->rope_store(e, l, st);
         o->attention(e, l, st);
         o->matmul(e, s->x, plain(s->xb), M, &w->wo[l], 1);
         // feed-forward: x += w2(silu(w1 x) * w3 x)
