@@ -3,6 +3,10 @@
 //
 //   quantize in.bin out.bin [-g GS]                         convert, printing the error per tensor
 //   quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]
+//   quantize --help                                         the usage, on stdout
+//
+// out.bin is checked before any work: never the input, never a device, FIFO or directory (see
+// check_output); a symbolic link is written through to its target.
 //
 // Work is split by rows over threads; each row is produced (read, or drawn from its own seeded
 // generator, so the file does not depend on the thread count), then quantized straight into the
@@ -153,6 +157,74 @@ static void run_jobs(Job *jobs, int n_jobs) {
 }
 
 // ----------------------------------------------------------------------------
+// The output path, checked once before any work. rename() replaces whatever is at the path: over
+// the input it destroys the FP32 original, over a device node (/dev/null, as root), a FIFO or a
+// socket it leaves a regular file in its place. So the output must be a regular file or missing,
+// and not the input. A symbolic link is written through, as cp and compilers do: the temporary
+// file goes beside the link's final target and replaces it, and the link stays a link.
+
+#define MAX_LINK_HOPS 40   // the kernel's own limit before ELOOP
+
+static const char *file_kind(mode_t m) {
+    return S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "a special file";
+}
+
+// Follows path's chain of symbolic links to the file it finally names, which need not exist yet
+// (realpath() refuses a link to a missing file); target is path itself where path is no link.
+// 0, or -1 with the reason in err.
+static int link_target(const char *path, char target[PATH_MAX], char *err) {
+    char link[PATH_MAX], next[PATH_MAX];
+    struct stat st;
+    if (snprintf(target, PATH_MAX, "%s", path) >= PATH_MAX) {
+        snprintf(err, ERR_LEN, "%.300s...: path too long", path);
+        return -1;
+    }
+    for (int hop = 0; lstat(target, &st) == 0 && S_ISLNK(st.st_mode); hop++) {
+        if (hop == MAX_LINK_HOPS) {
+            snprintf(err, ERR_LEN, "%.300s: too many levels of symbolic links", path);
+            return -1;
+        }
+        ssize_t n = readlink(target, link, sizeof link - 1);
+        if (n < 0) {
+            snprintf(err, ERR_LEN, "%.300s: cannot follow the symbolic link: %s", path, strerror(errno));
+            return -1;
+        }
+        link[n] = '\0';
+        // a relative link is relative to the directory that holds it
+        const char *slash = strrchr(target, '/');
+        int dir_len = link[0] == '/' || !slash ? 0 : (int)(slash - target + 1);
+        if (snprintf(next, sizeof next, "%.*s%s", dir_len, target, link) >= (int)sizeof next) {
+            snprintf(err, ERR_LEN, "%.300s: the symbolic link's target path is too long", path);
+            return -1;
+        }
+        memcpy(target, next, sizeof next);
+    }
+    return 0;
+}
+
+// Resolves out (NULL in: --synthetic) into target, the path to write and rename over, and refuses
+// the input itself (same device and inode: a hard link or a symbolic link counts) and any file that
+// is not regular. A target that cannot be examined is left to create_output, which names the error.
+// 0, or -1 with the reason in err.
+static int check_output(const char *in, const char *out, char target[PATH_MAX], char *err) {
+    struct stat so, si;
+    if (link_target(out, target, err)) return -1;
+    if (stat(target, &so) != 0) return 0;
+    if (in && stat(in, &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+        snprintf(err, ERR_LEN, "%.200s: is the input file %.200s (same device and inode); choose another output", out, in);
+        return -1;
+    }
+    if (!S_ISREG(so.st_mode)) {
+        int linked = strcmp(out, target) != 0;   // name where the link leads too
+        snprintf(err, ERR_LEN, "%.200s%s%.200s: is %s, not a regular file; refusing to replace it", out,
+                 linked ? " -> " : "", linked ? target : "", file_kind(so.st_mode));
+        return -1;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
 // Output files: sized, then mapped and filled in place.
 
 typedef struct {
@@ -164,7 +236,11 @@ typedef struct {
 // a full disk is an error here and not a SIGBUS when a mapped page is first written.
 static OutFile create_output(const char *path, size_t bytes) {
     char msg[ERR_LEN];
-    snprintf(tmp_output, sizeof tmp_output, "%.4000s.tmpXXXXXX", path);
+    if (snprintf(tmp_output, sizeof tmp_output, "%s.tmpXXXXXX", path) >= (int)sizeof tmp_output) {
+        tmp_output[0] = '\0';   // a truncated name could land in another directory
+        snprintf(msg, sizeof msg, "%.300s...: path too long", path);
+        die(msg);
+    }
     int fd = mkstemp(tmp_output);
     if (fd < 0) {
         tmp_output[0] = '\0';
@@ -363,9 +439,11 @@ typedef struct {
     int shared, gs, fp32, seed;
 } QuantizeArgs;
 
-#define ARGS_USAGE -2   // parse_quantize_args: print the usage text
+#define ARGS_USAGE -2   // parse_quantize_args: not understood; the usage text on stderr, exit 1
+#define ARGS_HELP  -3   // --help or -h: the usage text on stdout, exit 0
 
-// 0, or -1 (a bad value: the reason in err) or ARGS_USAGE (err says what was not understood).
+// 0, or -1 (a bad value: the reason in err), ARGS_USAGE (err says what was not understood) or
+// ARGS_HELP. Never prints or exits (the fuzzer calls it): main acts on the code.
 static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err) {
     const char *pos[2] = {NULL, NULL};
     int n_pos = 0;
@@ -373,7 +451,10 @@ static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
-        if (!strcmp(f, "--fp32")) a->fp32 = 1;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            snprintf(err, ERR_LEN, "%s: the usage was asked for", f);   // a non-zero return says why
+            return ARGS_HELP;
+        } else if (!strcmp(f, "--fp32")) a->fp32 = 1;
         else if (!strcmp(f, "-g") && v) rc = parse_int(f, argv[++i], 1, 1 << 20, &a->gs, err);
         else if (!strcmp(f, "--seed") && v) rc = parse_int(f, argv[++i], 0, 1 << 30, &a->seed, err);
         else if (!strcmp(f, "--synthetic") && v) a->synthetic = argv[++i];
@@ -396,25 +477,26 @@ static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err
 }
 
 #ifndef QUANTIZE_NO_MAIN
-static void usage(const char *why) {
-    fprintf(stderr, "quantize: %s\n"
-                    "Usage: quantize in.bin out.bin [-g GS]\n"
-                    "       quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]\n"
-                    "  GS: group size along the input dimension (default 128)\n"
-                    "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n",
-            why);
-    exit(1);
+static void print_usage(FILE *to) {
+    fprintf(to, "Usage: quantize in.bin out.bin [-g GS]\n"
+                "       quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]\n"
+                "       quantize --help\n"
+                "  GS: group size along the input dimension (default 128)\n"
+                "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n"
+                "  out.bin is replaced only when complete, and only if it is a regular file or missing and not\n"
+                "  in.bin; a symbolic link is written through to its target\n");
 }
 
-static int write_synthetic(const QuantizeArgs *a) {
+// target: a->out checked and resolved (check_output)
+static int write_synthetic(const QuantizeArgs *a, const char *target) {
     unsigned long long seed = (unsigned long long)a->seed << 20;
     if (a->fp32) {
-        write_fp32_synthetic(a->out, &a->cfg, a->shared, seed);
+        write_fp32_synthetic(target, &a->cfg, a->shared, seed);
     } else {
         Job *jobs = calloc(2 + 7 * (size_t)a->cfg.n_layers, sizeof(Job));
         int n_jobs;
         if (!jobs) die("out of memory");
-        write_q8(a->out, &a->cfg, a->gs, a->shared, NULL, seed, jobs, &n_jobs);
+        write_q8(target, &a->cfg, a->gs, a->shared, NULL, seed, jobs, &n_jobs);
         free(jobs);
     }
     fprintf(stderr, "quantize: wrote %s (%s, seed %d, %s)\n", a->out, a->synthetic, a->seed, a->fp32 ? "FP32 llama2.c v0" : "INT8 Q8LM");
@@ -423,13 +505,21 @@ static int write_synthetic(const QuantizeArgs *a) {
 
 int main(int argc, char **argv) {
     QuantizeArgs a;
-    char err[ERR_LEN];
+    char err[ERR_LEN], target[PATH_MAX];
     int rc = parse_quantize_args(argc, argv, &a, err);
-    if (rc == ARGS_USAGE) usage(err);
-    if (rc) die(err);
+    if (rc == ARGS_HELP) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (rc == ARGS_USAGE) {
+        fprintf(stderr, "quantize: %s\n", err);
+        print_usage(stderr);
+        return 1;
+    }
+    if (rc || check_output(a.in, a.out, target, err)) die(err);
     // over a file-size limit, writes fail with EFBIG (reported) instead of killing the process
     signal(SIGXFSZ, SIG_IGN);
-    if (a.synthetic) return write_synthetic(&a);
+    if (a.synthetic) return write_synthetic(&a, target);
     Model m;
     if (load_model(a.in, &m, err)) die(err);
     if (m.quantized) {
@@ -440,7 +530,7 @@ int main(int argc, char **argv) {
     Job *jobs = calloc(2 + 7 * (size_t)m.cfg.n_layers, sizeof(Job));
     int n_jobs;
     if (!jobs) die("out of memory");
-    write_q8(a.out, &m.cfg, a.gs, m.shared_classifier, &m.w, 0, jobs, &n_jobs);
+    write_q8(target, &m.cfg, a.gs, m.shared_classifier, &m.w, 0, jobs, &n_jobs);
     Q8Layout L;
     q8_layout(&m.cfg, a.gs, m.shared_classifier, &L);
     printf("%s (%s) -> %s (Q8LM, group size %d)\n", a.in, format_name(m.format), a.out, a.gs);

@@ -3,6 +3,8 @@
 # command-line checks below through the real binaries (RUN and QUANTIZE name other builds of them,
 # or wrap them: make test-asan, make test-valgrind), then the fuzzers' regression inputs. Ends with
 # "N passed, N failed, N skipped". CLI_ONLY=1: without tests/test_run; QUICK=1: without code15M.
+# Reports as it goes: FAIL and SKIP lines as they happen, and "== <section>: N passed, N failed,
+# N skipped (T s)" as each section (and each of test_run's groups) finishes. POSIX sh.
 set -u
 cd "$(dirname "$0")/.."
 pass=0 fail=0 skip=0
@@ -14,17 +16,30 @@ RUN=${RUN:-./run} QUANTIZE=${QUANTIZE:-./quantize}
 # CUDA maps device memory where ASan keeps its shadow gap; nothing else changes
 export ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0}
 trap 'rm -rf "$tmp"' EXIT
+# A section's summary line, its counts the difference since section() was called.
+section() { sec_name=$1 sec_t0=$(date +%s.%N) sec_p=$pass sec_f=$fail sec_s=$skip; }
+end_section() {
+    sec_t=$(awk -v a="$sec_t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    echo "== $sec_name: $((pass - sec_p)) passed, $((fail - sec_f)) failed, $((skip - sec_s)) skipped ($sec_t s)"
+}
 
-# 1. tests/test_run: count its PASS/FAIL/SKIP lines (a crash counts as a failure)
-if [ -n "${CLI_ONLY:-}" ]; then echo "SKIP tests/test_run: CLI_ONLY" > "$tmp/unit.log"; rc=0
-else ./tests/test_run ${TEST_RUN_FLAGS:-} models > "$tmp/unit.log" 2>&1; rc=$?; fi
-grep -E '^(FAIL|SKIP)' "$tmp/unit.log"
+# 1. tests/test_run, streamed: its FAIL, SKIP and per-group "== " lines shown as they come, its PASS
+#    lines only counted (from the log). Its exit status goes through a file, as a pipeline has only
+#    its last command's; a crash without a FAIL line counts as a failure.
+section "tests/test_run"
+if [ -n "${CLI_ONLY:-}" ]; then echo "SKIP tests/test_run: CLI_ONLY" | tee "$tmp/unit.log"; rc=0
+else
+    { ./tests/test_run ${TEST_RUN_FLAGS:-} models 2>&1; echo $? > "$tmp/unit.rc"; } | tee "$tmp/unit.log" |
+        while IFS= read -r line; do case $line in FAIL*|SKIP*|"== "*) printf '%s\n' "$line" ;; esac; done
+    rc=$(cat "$tmp/unit.rc" 2> /dev/null) || rc=1   # no status written: count it as a crash
+fi
 p=$(grep -c '^PASS' "$tmp/unit.log"); f=$(grep -c '^FAIL' "$tmp/unit.log"); s=$(grep -c '^SKIP' "$tmp/unit.log")
-echo "tests/test_run: $p passed, $f failed, $s skipped (exit $rc)"
 pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
-if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then bad "tests/test_run" "exit status $rc without a FAIL line:"; tail -20 "$tmp/unit.log"; fi
+if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then bad "tests/test_run" "exit status $rc without a FAIL line:"; tail -20 "$tmp/unit.log"; fi
+end_section
 
 # 2. a bad input: exit status 1 and exactly one line on stderr that names the file/flag
+section "command-line errors"
 expect_error() {   # name keyword command...
     name=$1 key=$2; shift 2
     "$@" > "$tmp/out" 2> "$tmp/err"
@@ -57,10 +72,23 @@ expect_error "quantize: truncated input" "truncated" $QUANTIZE "$tmp/trunc.bin" 
 expect_error "quantize: group size 0" "-g" $QUANTIZE $M "$tmp/x.bin" -g 0
 expect_error "quantize: bad synthetic shape" "synthetic" $QUANTIZE --synthetic 64,1,1 "$tmp/x.bin"
 expect_error "quantize: impossible synthetic shape" "n_heads" $QUANTIZE --synthetic 64,100,1,5,5,100,16 "$tmp/x.bin"
+# --help: the usage on stdout, nothing on stderr, exit 0 (an error's usage goes to stderr, exit 1)
+expect_usage() {   # name command...
+    name=$1; shift
+    "$@" > "$tmp/out" 2> "$tmp/err"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q Usage "$tmp/out" && [ ! -s "$tmp/err" ]; then ok "$name"
+    else bad "$name" "exit $rc, stdout: $(head -c 100 "$tmp/out"), stderr: $(head -c 200 "$tmp/err")"; fi
+}
+expect_usage "quantize --help: the usage on stdout, exit 0" $QUANTIZE --help
+expect_usage "quantize -h: the usage on stdout, exit 0" $QUANTIZE -h
+expect_usage "run --help: the usage on stdout, exit 0" $RUN --help
+end_section
 
 # 2b. resource faults: a context beyond seq_len, a disk that fills up or cannot be written, a
 #     closed stdout. quantize writes to a temporary file and renames it, so a failure leaves
 #     neither a partial output nor its temporary file, and an existing file is untouched.
+section "resource faults"
 expect_error "run: -n beyond the model's context" "seq_len" $RUN $M -z $T -n 513 --device cpu
 $RUN $M -z $T --frobnicate 3 > /dev/null 2> "$tmp/err"
 if [ $? -eq 1 ] && head -1 "$tmp/err" | grep -q "unknown option" && grep -q Usage "$tmp/err"; then ok "run: unknown option: named, then the usage"
@@ -82,16 +110,72 @@ expect_error "quantize: output in an unwritable place (/proc)" "cannot create" $
 rc=$(cat "$tmp/pipe.rc")
 if [ "$rc" = 1 ] && grep -q "writing the output failed" "$tmp/pipe.err"; then ok "run: stdout closed early (SIGPIPE): message and exit 1"
 else bad "run: stdout closed early (SIGPIPE): message and exit 1" "exit $rc: $(head -c 300 "$tmp/pipe.err")"; fi
+end_section
+
+# 2c. output safety: quantize's rename never replaces its input (same device and inode, so hard and
+#     symbolic links count) nor anything but a regular file (a device node, a FIFO, a directory).
+#     Device nodes are private ones made in $tmp, never the system's: a regression then replaces
+#     only those. A symbolic link to a new path is written through, and stays a link.
+section "output safety"
+left_as() {   # name test-flag path what: the refused output is still what it was
+    if test "$2" "$3"; then ok "$1: still $4"; else bad "$1: still $4" "$(ls -ld "$3")"; fi
+}
+unchanged() {   # name: the input, byte for byte
+    if cmp -s "$tmp/m.bin" $M; then ok "$1: the input unchanged"; else bad "$1: the input unchanged" "$tmp/m.bin differs from $M"; fi
+}
+for kind in "the input" "a hard link to the input" "a symbolic link to the input"; do
+    name="quantize: output is $kind"
+    rm -f "$tmp/m.bin" "$tmp/out.bin" && cp $M "$tmp/m.bin"
+    case $kind in
+        the*) out=$tmp/m.bin ;;
+        *hard*) ln "$tmp/m.bin" "$tmp/out.bin"; out=$tmp/out.bin ;;
+        *) ln -s m.bin "$tmp/out.bin"; out=$tmp/out.bin ;;
+    esac
+    expect_error "$name" "same device and inode" $QUANTIZE "$tmp/m.bin" "$out"
+    unchanged "$name"
+done
+left_as "quantize: output is a symbolic link to the input" -L "$tmp/out.bin" "a symbolic link"
+# through a link to a missing file: the same bytes as a direct output, at the link's target
+name="quantize: output is a symbolic link to a new file: written at its target, the link kept, run loads it"
+mkdir "$tmp/sub" && ln -s sub/new.bin "$tmp/link.bin"
+$QUANTIZE $M "$tmp/direct.bin" > /dev/null 2>&1
+if $QUANTIZE $M "$tmp/link.bin" > /dev/null 2> "$tmp/err" && [ -L "$tmp/link.bin" ] && [ "$(readlink "$tmp/link.bin")" = sub/new.bin ] &&
+   [ -f "$tmp/sub/new.bin" ] && [ ! -L "$tmp/sub/new.bin" ] && cmp -s "$tmp/sub/new.bin" "$tmp/direct.bin" &&
+   [ -z "$(ls "$tmp" "$tmp/sub" | grep '\.tmp')" ] && $RUN "$tmp/link.bin" -z $T -n 8 --device cpu > /dev/null 2>> "$tmp/err"
+then ok "$name"; else bad "$name" "$(ls -l "$tmp" "$tmp/sub" | tr '\n' ' ') $(head -c 300 "$tmp/err")"; fi
+# character devices: private copies of /dev/null (1, 3) and /dev/full (1, 7); mknod needs root
+for node in "null 3" "full 7"; do
+    set -- $node
+    name="quantize: output is a character device (a private /dev/$1)"
+    if [ "$(id -u)" -ne 0 ]; then skp "$name" "not root: mknod needs it"; continue; fi
+    if ! mknod "$tmp/$1" c 1 "$2" 2> "$tmp/err"; then skp "$name" "mknod failed: $(head -1 "$tmp/err")"; continue; fi
+    expect_error "$name" "character device" $QUANTIZE $M "$tmp/$1"
+    left_as "$name" -c "$tmp/$1" "a character device"
+done
+mkfifo "$tmp/fifo"
+expect_error "quantize: output is a FIFO" "is a FIFO" $QUANTIZE $M "$tmp/fifo"
+expect_error "quantize --synthetic: output is a FIFO" "is a FIFO" $QUANTIZE --synthetic stories15m "$tmp/fifo"
+left_as "quantize: output is a FIFO" -p "$tmp/fifo" "a FIFO"
+mkdir "$tmp/dir"
+expect_error "quantize: output is a directory" "is a directory" $QUANTIZE $M "$tmp/dir"
+expect_error "quantize --synthetic --fp32: output is a directory" "is a directory" $QUANTIZE --synthetic stories15m "$tmp/dir" --fp32
+left_as "quantize: output is a directory" -d "$tmp/dir" "a directory"
+if [ -z "$(ls -A "$tmp/dir")" ] && [ -z "$(ls "$tmp" | grep '\.tmp')" ]; then ok "quantize: refusals leave no temporary file"
+else bad "quantize: refusals leave no temporary file" "$(ls -A "$tmp" "$tmp/dir" | tr '\n' ' ')"; fi
+end_section
 
 # 3. FP32 on the CPU reproduces llama2.c's run.c (greedy, 256 steps, no prompt)
+section "llama2.c reference text"
 ref=models/stories260K.greedy.txt
 if [ -f $ref ]; then
     $RUN $M -z $T -t 0 -n 256 --device cpu > "$tmp/greedy.txt" 2>/dev/null
     if cmp -s "$tmp/greedy.txt" $ref; then ok "stories260K fp32 greedy == llama2.c run.c output"
     else bad "stories260K fp32 greedy == llama2.c run.c output" "texts differ"; fi
 else skp "stories260K fp32 greedy == llama2.c run.c output" "$ref not present"; fi
+end_section
 
 # 4. INT8 perplexity within 1% of FP32's on a fixed text, group sizes 128, 64, 32
+section "perplexity"
 ppl() { $RUN "$1" -z "$2" --ppl "$3" --device cpu 2>/dev/null | awk '/^perplexity/ { print $2 }'; }
 for pair in "stories260K.bin models/tok512.bin tests/data/story.txt" "code15M.bin tokenizer.bin tests/data/code.txt"; do
     set -- $pair
@@ -106,14 +190,18 @@ for pair in "stories260K.bin models/tok512.bin tests/data/story.txt" "code15M.bi
         else bad "$name" "relative difference over 1% (or no figure)"; fi
     done
 done
+end_section
 
 # 5. the demo: INT8 stories260K prints text and its statistics line
+section "demo"
 $RUN models/stories260K_q8.bin -z $T -p "Once upon a time" -n 64 -s 7 > "$tmp/demo.txt" 2> "$tmp/demo.err"
 if [ $? -eq 0 ] && [ "$(wc -c < "$tmp/demo.txt")" -gt 100 ] && grep -q "decode" "$tmp/demo.err"; then ok "demo: int8 stories260K generates"
 else bad "demo: int8 stories260K generates" "$(cat "$tmp/demo.err")"; fi
+end_section
 
 # 6. the fuzzers' regression inputs (every crash they found, kept), replayed through gcc builds
 #    of the same targets under ASan + UBSan
+section "fuzz regressions"
 for t in model tokenizer encode run_args quantize_args; do
     dir=tests/fuzz/regressions/$t
     [ -d $dir ] && [ -n "$(ls $dir)" ] || continue
@@ -121,6 +209,7 @@ for t in model tokenizer encode run_args quantize_args; do
         ok "fuzz regressions of $t replayed clean ($(ls $dir | wc -l) inputs)"
     else bad "fuzz regressions of $t" "$(tail -5 "$tmp/replay.log")"; fi
 done
+end_section
 
 echo "$pass passed, $fail failed, $skip skipped"
 [ $fail -eq 0 ]
