@@ -131,6 +131,8 @@ __device__ void above_and_ties(const float (&p)[kPer], uint32_t v, float *red, f
 
 // Where the descending running sum first exceeds target, and that sum (*cum, added a token at a
 // time through the tied ones, as the host does). false where the whole row does not exceed it.
+// (Returning false whenever s did not exceed target sent a coin within rounding of a token's
+// boundary to the nucleus's last token, far from it: bench/NOTES.md 33.)
 template <int kPer>
 __device__ bool locate(const float (&p)[kPer], float target, uint32_t hi, float *red, ProbRank *at, float *cum) {
     const uint32_t v = crossing_value(p, target, hi, red);
@@ -147,7 +149,10 @@ __device__ bool locate(const float (&p)[kPer], float target, uint32_t hi, float 
     float s = above + value * (float)(rank + 1);
     while (rank < ties - 1 && !(s > target)) s += value, rank++;
     *at = ProbRank{v, rank}, *cum = s;
-    return s > target;
+    // v > 0: the search's sum from v exceeds target, so the crossing is among v's tokens even where
+    // s, summed in another order, falls within rounding of target (then the last of them); v = 0:
+    // the whole row does not exceed target.
+    return value > 0.0f;
 }
 
 // Exclusive prefix sum over the block in thread order (deterministic: warp scans, then the warps'

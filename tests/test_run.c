@@ -78,6 +78,9 @@ static void run_group(const char *name, void (*group)(void)) {
 
 static unsigned long long rng_state = 0x853c49e6748fea9bull;
 static float urand(void) { return (random_u32(&rng_state) >> 8) / 16777216.0f; }   // [0, 1)
+// Uniform in [-sqrt(3), sqrt(3)): mean 0, variance 1, and cheap for the bulk inputs of the kernel
+// checks (millions a run).
+static float urand_unit(void) { return 1.7320508f * (2.0f * urand() - 1.0f); }
 static float nrand(void) {
     float u1 = urand() + 1e-7f, u2 = urand();
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
@@ -1022,6 +1025,25 @@ static float *normed_input(const float *x, const float *g, int M, int K) {
     return xn;
 }
 
+// Device buffers for the linear checks, grown as needed and kept (an allocation synchronises the
+// device); dev_scratch_free releases them.
+static float *scratch_buf[3];
+static size_t scratch_floats[3];
+static float *dev_scratch(int slot, size_t floats) {
+    if (floats > scratch_floats[slot]) {
+        if (scratch_buf[slot]) gpu_free(scratch_buf[slot]);
+        scratch_buf[slot] = gpu_alloc(floats * sizeof(float));
+        scratch_floats[slot] = floats;
+    }
+    return scratch_buf[slot];
+}
+static void dev_scratch_free(void) {
+    for (int i = 0; i < 3; i++) {
+        if (scratch_buf[i]) gpu_free(scratch_buf[i]);
+        scratch_buf[i] = NULL, scratch_floats[i] = 0;
+    }
+}
+
 // Every INT8 kernel that fits (d: W on the device, wd: W in double) at M tokens against float64:
 // plain, accumulating onto random y0, and, for the kernels that fold the RMSNorm, with a random
 // norm folded in (for odd M its weights one float off 16-byte alignment: the scalar path).
@@ -1030,15 +1052,16 @@ static void check_kernels_at(const Mat *d, const double *wd, int M, const char *
     const int N = d->rows, K = d->cols;
     float *x = talloc((size_t)M * K * sizeof(float)), *y = talloc((size_t)M * N * sizeof(float));
     float *y0 = talloc((size_t)M * N * sizeof(float)), *g = talloc((K + 1) * sizeof(float));
-    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = nrand();
-    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = nrand();
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = urand_unit();
+    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = urand_unit();
     for (int k = 0; k <= K; k++) g[k] = nrand();
     double *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
     double *nref = talloc((size_t)M * N * sizeof(double)), *nmag = talloc((size_t)M * N * sizeof(double));
     linear_ref_f64(wd, N, K, x, M, ref, mag);
     linear_ref_f64(wd, N, K, normed_input(x, g + M % 2, M, K), M, nref, nmag);
-    float *dx = dev_put(x, (size_t)M * K * sizeof(float)), *dy = gpu_alloc((size_t)M * N * sizeof(float));
-    float *dg = dev_put(g, (K + 1) * sizeof(float));
+    float *dx = dev_scratch(0, (size_t)M * K), *dy = dev_scratch(1, (size_t)M * N), *dg = dev_scratch(2, K + 1);
+    gpu_upload(dx, x, (size_t)M * K * sizeof(float));
+    gpu_upload(dg, g, (K + 1) * sizeof(float));
     for (int i = 0; i < N_INT8_KERNELS; i++) {
         const KernelCase *kc = &int8_kernels[i];
         LinearCall c = plain_call(d, dx, dy, M, 0, NULL);
@@ -1054,7 +1077,6 @@ static void check_kernels_at(const Mat *d, const double *wd, int M, const char *
         run_kernel(kc->k, &c, y, NULL, N);
         if (!fails[i]) fails[i] = check_ref(y, nref, nmag, M, N, 1e-5, what[i]);
     }
-    gpu_free(dx), gpu_free(dy), gpu_free(dg);
 }
 
 // The dequant kernel: exactly q * s.
@@ -1620,6 +1642,7 @@ static void test_gpu_too_small(void) {
 static void test_gpu_kernels(void) {
     gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
     test_gpu_linear();
+    dev_scratch_free();
     test_gpu_argmax();
     test_gpu_sample();
     gpu_destroy(gctx);
