@@ -1,6 +1,6 @@
 #!/bin/sh
 # Build-time tuning of the GEMVs' constants (cuda/gemv.cuh: Q8_TMA_STAGES, Q8_TMA_BLOCKS,
-# Q8_PREFETCH_BYTES; bench/NOTES.md 21): builds run once per variant, each into
+# Q8_PREFETCH_BYTES; bench/NOTES.md 22, 32): builds run once per variant, each into
 # bench/out/tune/<n>/run, then decodes a synthetic checkpoint with every variant in turn, twice.
 # Usage (GPU machine): sh bench/tune.sh "-DQ8_TMA_STAGES=2 -DQ8_TMA_BLOCKS=4" "-DQ8_TMA_STAGES=4 -DQ8_TMA_BLOCKS=2"
 # MODEL (default llama2-7b: a preset of quantize --synthetic), FLAGS (run's, default "-t 0").

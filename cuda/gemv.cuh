@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
 //   tile is done, the 8 warps' sums added in the epilogue, which writes through store_rows.
 constexpr int kTmaRows = 4, kTmaCols = 4096, kTmaTile = kTmaRows * kTmaCols;   // 256 chunks a row
 constexpr int kTmaThreads = 256, kTmaWarps = kTmaThreads / 32;
-// Ring stages and blocks per SM: the fastest end to end in the sweep of NOTES 21 (bench/tune.sh).
+// Ring stages and blocks per SM: the fastest end to end in the sweep of NOTES 22 (bench/tune.sh).
 constexpr int kTmaStages = Q8_TMA_STAGES, kTmaBlocksPerSm = Q8_TMA_BLOCKS;
 static_assert(kTmaCols / 16 == kTmaThreads, "one chunk of each tile row per thread");
 

@@ -40,7 +40,7 @@ LinearKernel choose_linear(GpuCtx *g, const GpuOptions *opt, const LinearCall *c
 
 int linear_has_epilogues(LinearKernel k) { return k == LINEAR_GEMV || k == LINEAR_GEMV_COPY; }
 
-// The tall instance does not fold: with the norm its registers cost a block an SM (NOTES 25).
+// The tall instance does not fold: with the norm its registers cost a block an SM (NOTES 24, 25).
 int linear_folds_norm(LinearKernel k, const GpuOptions *opt) {
     return !opt->no_norm_fold && (k == LINEAR_GEMV || k == LINEAR_GEMV_COPY);
 }
