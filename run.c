@@ -3,9 +3,9 @@
 // sequences of one prompt, each linear layer one GEMM), perplexity, and the command line.
 // The model, its executors and the tokenizer are in engine/ (README.md, "Architecture").
 #include <errno.h>
-#include <stddef.h>
 #include <float.h>
 #include <limits.h>
+#include <stddef.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,12 +22,6 @@
 
 // ----------------------------------------------------------------------------
 // Sampling on the executor where it can
-
-typedef struct {
-    int prompt_tokens, generated;
-    double prefill_s, decode_s;
-    double kv_bytes;   // KV cache bytes the decode steps read (keys and values of every position)
-} GenStats;
 
 // Rows of logits sampled on the executor where it can, each row's coin drawn from its sampler as
 // sample_host draws it (none for a row marked in skip, whose token is unused): 0, or -1 with the
@@ -53,9 +47,14 @@ static int sample(Sampler *s, Exec *e, const float *logits) {
     return sample_host(s, e->ops->to_host(e, logits, 1));
 }
 
-
 // ----------------------------------------------------------------------------
 // Generation and perplexity
+
+typedef struct {
+    int prompt_tokens, generated;
+    double prefill_s, decode_s;
+    double kv_bytes;   // KV cache bytes the decode steps read (keys and values of every position)
+} GenStats;
 
 // KV cache bytes the attention of one token at position pos reads: keys and values of positions
 // 0..pos in every layer.
