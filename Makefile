@@ -19,7 +19,7 @@ SHARED_MODELS ?= ../shared/models
 
 # The engine: the model and its formats, the executors, the tokenizer and sampler (engine/*.c);
 # run.c and quantize.c are the programs.
-ENGINE     := model util forward cpu gpu dispatch tokenizer sampler
+ENGINE     := model util forward cpu gpu dispatch tokenizer sampler pool
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h

@@ -16,6 +16,7 @@
 
 #include "exec.h"
 #include "model.h"
+#include "pool.h"
 #include "sampler.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -257,6 +258,7 @@ typedef struct {
     const char *checkpoint, *prompt, *tokenizer, *ppl_file, *device;
     float temperature, topp;
     long steps, seed, batch;   // seed 0: the time
+    long threads;              // CPU threads (0: the CPUs this process may use)
     GpuOptions gpu;
 } CliArgs;
 
@@ -319,6 +321,7 @@ static int set_option(CliArgs *a, const char *f, const char *v, char *err) {
     else if (!strcmp(f, "--top-p")) return parse_float(f, v, 0.0f, 1.0f, &a->topp, err);
     else if (!strcmp(f, "-s")) return parse_long(f, v, 0, LONG_MAX, &a->seed, err);
     else if (!strcmp(f, "--batch")) return parse_long(f, v, 1, MAX_SEQS, &a->batch, err);
+    else if (!strcmp(f, "--threads")) return parse_long(f, v, 1, 256, &a->threads, err);
     else if (!strcmp(f, "-z")) a->tokenizer = v;
     else if (!strcmp(f, "--ppl")) a->ppl_file = v;
     else if (!strcmp(f, "--device")) a->device = v;
@@ -379,6 +382,7 @@ static const char usage_text[] =
     "  --batch <int>    decode this many sequences (1 to 64) from the prompt together, seeds s, s+1, ...\n"
     "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n"
     "  --device cpu|gpu where to run (default gpu; without a usable GPU: a message, then the CPU)\n"
+    "  --threads <int>  CPU: threads (1 to 256; default: the CPUs this process may use)\n"
     "  --unfused        GPU: separate dequant kernel + cuBLAS instead of the fused kernels\n"
     "  --fp16           GPU: weights converted to FP16 at load, cuBLAS (the unquantized baseline)\n"
     "  --kv-fp32        GPU: FP32 KV cache (default FP16)\n"
@@ -456,6 +460,7 @@ static const char *make_executor(Exec *exec, const Model *model, CliArgs *a) {
         a->device = "cpu";
     }
     if (a->gpu.path != PATH_FUSED) fprintf(stderr, "run: --unfused and --fp16 apply to the GPU only; ignored on the CPU\n");
+    pool_init((int)a->threads);
     cpu_exec_init(exec, model, a->gpu.n_seqs > 0 ? a->gpu.n_seqs : 1, a->gpu.context);
     return model->quantized ? "int8" : "fp32";
 }

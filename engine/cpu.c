@@ -1,12 +1,15 @@
 // cpu.c: the CPU executor: plain C over the host weights, the reference every GPU result is
 // tested against. The INT8 matmul dequantizes group by group in its inner loop (the CPU analogue
-// of the fused kernel): no FP32 copy of the weights exists.
+// of the fused kernel): no FP32 copy of the weights exists. Matmuls split their rows, attention
+// its (token, head) pairs, over a pool of threads (pool.h); each output is computed by one thread
+// in one order, so the results do not depend on the thread count.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "exec.h"
+#include "pool.h"
 #include "sampler.h"   // softmax, argmax_row
 #include "util.h"
 
@@ -57,24 +60,45 @@ static const float *cpu_apply_norm(Exec *e, Input in, int M) {
     return e->s.xb;
 }
 
+// A slice of a matmul: rows lo..hi of W against all M inputs.
+typedef struct {
+    float *out;
+    const float *in;
+    int M, accumulate;
+    const Mat *w;
+} MatmulJob;
+
 // Each weight row is read once for all M inputs (prefill batches share the weight traffic).
-static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
-    const float *in = cpu_apply_norm(e, input, M);
-    int K = w->cols, N = w->rows;
-    for (int r = 0; r < N; r++) {
-        for (int m = 0; m < M; m++) {
-            const float *x = in + (size_t)m * K;
+static void matmul_rows(void *ctx, int lo, int hi, int slot) {
+    (void)slot;
+    const MatmulJob *j = ctx;
+    const Mat *w = j->w;
+    const int K = w->cols, N = w->rows;
+    for (int r = lo; r < hi; r++) {
+        for (int m = 0; m < j->M; m++) {
+            const float *x = j->in + (size_t)m * K;
             float val = 0.0f;
             if (w->f) {
                 const float *row = w->f + (size_t)r * w->stride;
-                for (int j = 0; j < K; j++) val += row[j] * x[j];
+                for (int k = 0; k < K; k++) val += row[k] * x[k];
             } else {
                 val = dot_q8(w->q + (size_t)r * w->stride, w->s + (size_t)r * w->groups, K, w->gs, x);
             }
-            if (accumulate) out[(size_t)m * N + r] += val;
-            else out[(size_t)m * N + r] = val;
+            if (j->accumulate) j->out[(size_t)m * N + r] += val;
+            else j->out[(size_t)m * N + r] = val;
         }
     }
+}
+
+// Under this many multiply-adds a slice, handing work to another thread costs more than it saves.
+#define MIN_SLICE_WORK 32768
+
+// Rows split over the pool's threads; each output is one thread's, summed in the same order
+// whatever the thread count.
+static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
+    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w};
+    const long per_row = (long)w->cols * M;
+    parallel_for(w->rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }
 
 static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
@@ -118,30 +142,44 @@ static void cpu_rope_store(Exec *e, int layer, const Step *st) {
 
 // Causal grouped-query attention: token m (at pos + m) attends to cache positions 0..pos+m;
 // query head h reads key/value head h / (n_heads / n_kv_heads).
-static void cpu_attention(Exec *e, int layer, const Step *st) {
+typedef struct {
+    Exec *e;
+    const Step *st;
+    int layer;
+} AttentionJob;
+
+// Items lo..hi of (token, head) pairs; slot's own row of scores.
+static void attention_heads(void *ctx, int lo, int hi, int slot) {
+    const AttentionJob *j = ctx;
+    Exec *e = j->e;
     const Config *p = &e->cfg;
-    int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads, kv_mul = p->n_heads / p->n_kv_heads;
-    float *att = e->s.att;
-    for (int m = 0; m < st->M; m++) {
-        int last = token_pos(st, m);
-        size_t loff = cache_offset(e, st, layer, m);
-        for (int h = 0; h < p->n_heads; h++) {
-            const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
-            for (int t = 0; t <= last; t++) {
-                const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-                float score = 0.0f;
-                for (int i = 0; i < head_size; i++) score += q[i] * k[i];
-                att[t] = score / sqrtf(head_size);
-            }
-            softmax(att, last + 1);
-            float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
-            memset(xb, 0, head_size * sizeof(float));
-            for (int t = 0; t <= last; t++) {
-                const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-                for (int i = 0; i < head_size; i++) xb[i] += att[t] * v[i];
-            }
+    const int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads, kv_mul = p->n_heads / p->n_kv_heads;
+    float *att = e->s.att + (size_t)slot * e->cfg.seq_len;
+    for (int item = lo; item < hi; item++) {
+        const int m = item / p->n_heads, h = item % p->n_heads, last = token_pos(j->st, m);
+        const size_t loff = cache_offset(e, j->st, j->layer, m);
+        const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
+        for (int t = 0; t <= last; t++) {
+            const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+            float score = 0.0f;
+            for (int i = 0; i < head_size; i++) score += q[i] * k[i];
+            att[t] = score / sqrtf(head_size);
+        }
+        softmax(att, last + 1);
+        float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
+        memset(xb, 0, head_size * sizeof(float));
+        for (int t = 0; t <= last; t++) {
+            const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
+            for (int i = 0; i < head_size; i++) xb[i] += att[t] * v[i];
         }
     }
+}
+
+// (token, head) pairs split over the pool's threads.
+static void cpu_attention(Exec *e, int layer, const Step *st) {
+    AttentionJob j = {e, st, layer};
+    const long per_item = 2L * (token_pos(st, st->M - 1) + 1) * (e->cfg.dim / e->cfg.n_heads);
+    parallel_for(st->M * e->cfg.n_heads, (int)(MIN_SLICE_WORK / per_item + 1), attention_heads, &j);
 }
 
 static const float *cpu_to_host(Exec *e, const float *logits, int rows) {
@@ -203,6 +241,6 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     e->kv_bytes = sizeof(float);
     e->n_seqs = n_seqs;
     alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
-    e->s.att = xcalloc(e->cfg.seq_len, sizeof(float));
+    e->s.att = xcalloc((size_t)e->cfg.seq_len * pool_threads(), sizeof(float));   // a row per thread
 }
 

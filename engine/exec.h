@@ -39,7 +39,7 @@ typedef struct {
     float *q;                         // (MAX_TOKENS, dim)
     float *k, *v;                     // (MAX_TOKENS, kv_dim): the new tokens' keys and values
     float *hb, *hb2;                  // (MAX_TOKENS, hidden_dim)
-    float *att;                       // CPU: (seq_len) scores of one head
+    float *att;                       // CPU: (threads, seq_len) scores of one head, a row per thread
     float *logits;                    // (MAX_TOKENS, vocab)
     // (n_seqs, layer, seq_len, kv_dim): FP32 on the CPU; on the GPU FP16, or FP32 with --kv-fp32.
     // seq_len is the executor's context (cfg.seq_len, which batch runs may shorten).

@@ -60,6 +60,7 @@ expect_error "run: negative temperature" "-t" $RUN $M -z $T -t -1
 expect_error "run: top-p above 1" "top-p" $RUN $M -z $T --top-p 1.5
 expect_error "run: NaN temperature" "-t" $RUN $M -z $T -t nan
 expect_error "run: bad --device" "device" $RUN $M -z $T --device tpu
+expect_error "run: --threads 0" "--threads" $RUN $M -z $T --threads 0
 long=$(awk 'BEGIN { for (i = 0; i < 300; i++) printf "the cat sat on the mat and "; }')
 expect_error "run: prompt longer than the context" "longer than the model's context" $RUN $M -z $T -p "$long" --device cpu
 expect_error "run: prompt longer than -n" "-n allows" $RUN $M -z $T -p "Once upon a time there was" -n 3 --device cpu
@@ -168,10 +169,23 @@ end_section
 section "llama2.c reference text"
 ref=models/stories260K.greedy.txt
 if [ -f $ref ]; then
-    $RUN $M -z $T -t 0 -n 256 --device cpu > "$tmp/greedy.txt" 2>/dev/null
-    if cmp -s "$tmp/greedy.txt" $ref; then ok "stories260K fp32 greedy == llama2.c run.c output"
-    else bad "stories260K fp32 greedy == llama2.c run.c output" "texts differ"; fi
+    for threads in 1 3; do   # the CPU's results do not depend on its thread count
+        $RUN $M -z $T -t 0 -n 256 --device cpu --threads $threads > "$tmp/greedy.txt" 2>/dev/null
+        if cmp -s "$tmp/greedy.txt" $ref; then ok "stories260K fp32 greedy, --threads $threads == llama2.c run.c output"
+        else bad "stories260K fp32 greedy, --threads $threads == llama2.c run.c output" "texts differ"; fi
+    done
 else skp "stories260K fp32 greedy == llama2.c run.c output" "$ref not present"; fi
+# INT8 (stories260K and, where present, code15M at GS 64): one thread and three give one text
+for pair in "models/stories260K_q8.bin $T" "models/code15M.bin tokenizer.bin"; do
+    set -- $pair
+    if [ ! -f "$1" ]; then skp "$1: --threads 1 == --threads 3" "$1 not present"; continue; fi
+    if [ -n "${QUICK:-}" ] && [ "$1" = models/code15M.bin ]; then skp "$1: --threads 1 == --threads 3" "QUICK"; continue; fi
+    q=$1; [ "$1" = models/code15M.bin ] && { $QUANTIZE "$1" "$tmp/c64.bin" -g 64 > /dev/null; q=$tmp/c64.bin; }
+    $RUN $q -z $2 -p "Once upon a" -t 0 -n 200 --device cpu --threads 1 > "$tmp/t1.txt" 2>/dev/null
+    $RUN $q -z $2 -p "Once upon a" -t 0 -n 200 --device cpu --threads 3 > "$tmp/t3.txt" 2>/dev/null
+    if [ -s "$tmp/t1.txt" ] && cmp -s "$tmp/t1.txt" "$tmp/t3.txt"; then ok "$1 int8 greedy: --threads 1 == --threads 3"
+    else bad "$1 int8 greedy: --threads 1 == --threads 3" "texts differ or empty"; fi
+done
 end_section
 
 # 4. INT8 perplexity within 1% of FP32's on a fixed text, group sizes 128, 64, 32
