@@ -102,17 +102,22 @@ static void gpu_op_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3
     run_linear(e, k, &c);
 }
 
+// Appends a and b to buf (n bytes), cut short where it is full.
+static void append(char *buf, size_t n, const char *a, const char *b) {
+    const size_t at = strlen(buf);
+    if (at + 1 < n) snprintf(buf + at, n - at, "%s%s", a, b);
+}
+
 // "decode <kernels>; batches <kernels>": the linear kernels this executor has chosen so far.
 static void gpu_op_describe_run(const Exec *e, char *buf, size_t n) {
-    static const char *const phase[2] = {"decode", "batches"};
-    size_t at = 0;
+    static const char *const phase[2] = {"decode ", "batches "};
     buf[0] = '\0';
     for (int p = 0; p < 2; p++) {
         if (!GPU(e)->used[p]) continue;
-        at += snprintf(buf + at, at < n ? n - at : 0, "%s%s ", at ? "; " : "linear kernels: ", phase[p]);
+        append(buf, n, buf[0] ? "; " : "linear kernels: ", phase[p]);
         for (int k = 0, first = 1; k < LINEAR_KERNELS; k++)
             if (GPU(e)->used[p] >> k & 1) {
-                at += snprintf(buf + at, at < n ? n - at : 0, "%s%s", first ? "" : " + ", gpu_linear_name(k));
+                append(buf, n, first ? "" : " + ", gpu_linear_name(k));
                 first = 0;
             }
     }
