@@ -19,7 +19,7 @@ SHARED_MODELS ?= ../shared/models
 
 # The engine: the model and its formats, the executors, the tokenizer and sampler (engine/*.c);
 # run.c and quantize.c are the programs.
-ENGINE     := model util forward cpu gpu dispatch tokenizer sampler pool
+ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
@@ -31,7 +31,7 @@ ifneq ($(NVCC),)
   GPU_LIBS := -L$(CUDA_LIB) -Wl,-rpath,$(CUDA_LIB) -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
-.PHONY: all models demo test bench clean
+.PHONY: all models demo test bench bench-cpu clean
 all: run quantize models models/stories260K_q8.bin
 
 # Objects: obj/ for the binaries, obj/san/ (ASan + UBSan) for the tests, obj/plain/ (no GPU code,
@@ -107,6 +107,10 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench --across-m bench/out/across_m.csv
 	sh bench/bench.sh
 	-sh bench/plot.sh bench/out/across_m.csv
+
+# The CPU executor on code15M with the anchors measured on the 2-core development machine
+bench-cpu: run quantize tokenizer.bin models/code15M.bin
+	sh bench/cpu.sh
 
 clean:
 	rm -rf run quantize *.o obj tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*

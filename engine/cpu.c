@@ -1,8 +1,9 @@
-// cpu.c: the CPU executor: plain C over the host weights, the reference every GPU result is
-// tested against. The INT8 matmul dequantizes group by group in its inner loop (the CPU analogue
-// of the fused kernel): no FP32 copy of the weights exists. Matmuls split their rows, attention
-// its (token, head) pairs, over a pool of threads (pool.h); each output is computed by one thread
-// in one order, so the results do not depend on the thread count.
+// cpu.c: the CPU executor: C over the host weights, the reference every GPU result is tested
+// against. The matmul's inner loops are in vec.c: the INT8 one dequantizes in registers, group by
+// group (the CPU analogue of the fused kernel), so no FP32 copy of the weights exists beyond a
+// few rows per thread. Matmuls split their rows, attention its (token, head) pairs, over a pool
+// of threads (pool.h); each output is computed by one thread in one order, so the results do not
+// depend on the thread count.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,10 @@
 #include "pool.h"
 #include "sampler.h"   // softmax, argmax_row
 #include "util.h"
+#include "vec.h"
+
+// The widest input of a linear layer: the longest row a thread dequantizes.
+static size_t max_cols(const Config *p) { return (size_t)(p->dim > p->hidden_dim ? p->dim : p->hidden_dim); }
 
 static void cpu_embed(Exec *e, const int *tokens, int M) {
     const Mat *t = &e->w->tok_embedding;
@@ -39,20 +44,6 @@ static void cpu_rmsnorm(Exec *e, float *out, const float *in, const float *w, in
     }
 }
 
-// One output of an INT8 row: the dot product runs group by group, each group's integer weights
-// against the input, then times the group's scale: dequantization in the inner loop, as the GPU's
-// fused kernel does it, with no FP32 copy of the weights.
-static float dot_q8(const int8_t *q, const float *s, int cols, int gs, const float *x) {
-    float val = 0.0f;
-    for (int lo = 0, g = 0; lo < cols; lo += gs, g++) {
-        int hi = lo + gs < cols ? lo + gs : cols;
-        float sum = 0.0f;
-        for (int j = lo; j < hi; j++) sum += (float)q[j] * x[j];
-        val += sum * s[g];
-    }
-    return val;
-}
-
 // The input as plain rows: itself, or its RMSNorm in xb.
 static const float *cpu_apply_norm(Exec *e, Input in, int M) {
     if (!in.norm_w) return in.x;
@@ -66,28 +57,15 @@ typedef struct {
     const float *in;
     int M, accumulate;
     const Mat *w;
+    float *tiles;   // (threads, VEC_TILE_ROWS, tile_cols): each thread's dequantized rows
+    size_t tile_cols;
 } MatmulJob;
 
 // Each weight row is read once for all M inputs (prefill batches share the weight traffic).
 static void matmul_rows(void *ctx, int lo, int hi, int slot) {
-    (void)slot;
     const MatmulJob *j = ctx;
-    const Mat *w = j->w;
-    const int K = w->cols, N = w->rows;
-    for (int r = lo; r < hi; r++) {
-        for (int m = 0; m < j->M; m++) {
-            const float *x = j->in + (size_t)m * K;
-            float val = 0.0f;
-            if (w->f) {
-                const float *row = w->f + (size_t)r * w->stride;
-                for (int k = 0; k < K; k++) val += row[k] * x[k];
-            } else {
-                val = dot_q8(w->q + (size_t)r * w->stride, w->s + (size_t)r * w->groups, K, w->gs, x);
-            }
-            if (j->accumulate) j->out[(size_t)m * N + r] += val;
-            else j->out[(size_t)m * N + r] = val;
-        }
-    }
+    float *scratch = j->tiles + (size_t)slot * VEC_TILE_ROWS * j->tile_cols;
+    vec_matmul_slice(j->w, j->in, j->M, j->out, j->accumulate, lo, hi, scratch);
 }
 
 // Under this many multiply-adds a slice, handing work to another thread costs more than it saves.
@@ -96,7 +74,7 @@ static void matmul_rows(void *ctx, int lo, int hi, int slot) {
 // Rows split over the pool's threads; each output is one thread's, summed in the same order
 // whatever the thread count.
 static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
-    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w};
+    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w, e->priv, max_cols(&e->cfg)};
     const long per_row = (long)w->cols * M;
     parallel_for(w->rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }
@@ -161,16 +139,14 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
         const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
         for (int t = 0; t <= last; t++) {
             const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-            float score = 0.0f;
-            for (int i = 0; i < head_size; i++) score += q[i] * k[i];
-            att[t] = score / sqrtf(head_size);
+            att[t] = vec_dot(q, k, head_size) / sqrtf(head_size);
         }
         softmax(att, last + 1);
         float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
         memset(xb, 0, head_size * sizeof(float));
         for (int t = 0; t <= last; t++) {
             const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-            for (int i = 0; i < head_size; i++) xb[i] += att[t] * v[i];
+            vec_axpy(xb, att[t], v, head_size);
         }
     }
 }
@@ -202,11 +178,13 @@ static void cpu_release(Exec *e) {
     RunState *s = &e->s;
     void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(e->priv);
 }
 
+// "cpu kernels x86-64-v4 (AVX-512), 2 threads"
 static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
     (void)e;
-    if (n) buf[0] = '\0';
+    snprintf(buf, n, "cpu kernels %s, %d thread%s", vec_isa_name(), pool_threads(), pool_threads() > 1 ? "s" : "");
 }
 
 static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
@@ -242,5 +220,6 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     e->n_seqs = n_seqs;
     alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
     e->s.att = xcalloc((size_t)e->cfg.seq_len * pool_threads(), sizeof(float));   // a row per thread
+    e->priv = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
 }
 

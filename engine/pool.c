@@ -1,14 +1,27 @@
-// pool.c: worker threads that sleep on a condition variable between jobs; a job is published
-// with a generation number, each worker runs its slice and counts itself done.
+// pool.c: worker threads that take parts of jobs. A job's parts are claimed one at a time from a
+// single atomic word (generation, parts, next part), by the workers and by the caller alike: a
+// worker that the OS has descheduled holds no part it has not claimed, and the caller does the
+// rest itself instead of waiting for it. A decode step hands out dozens of jobs a millisecond,
+// so idle threads first spin on that word for a while (a sleeping thread takes tens of
+// microseconds to wake) and only then sleep on a condition variable.
 #define _GNU_SOURCE   // sched_getaffinity
 #include "pool.h"
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define MAX_THREADS 256
+#define PARTS_PER_THREAD 4   // small enough parts that a descheduled thread holds up little
+
+// The claim word: generation (32 bits) | parts (16) | next part to hand out (16).
+#define CLAIM(gen, parts, next) ((uint64_t)(gen) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
+#define CLAIM_GEN(c) ((uint32_t)((c) >> 32))
+#define CLAIM_PARTS(c) ((int)((c) >> 16 & 0xffff))
+#define CLAIM_NEXT(c) ((int)((c) & 0xffff))
 
 static struct {
     int threads;                 // 0: not started
@@ -16,33 +29,63 @@ static struct {
     int stop;                    // workers leave (pool_stop, at exit)
     pthread_mutex_t lock;
     pthread_cond_t start, done;
-    unsigned long generation;    // bumped for each job
-    int pending;                 // workers still running the current job
-    int n, parts;                // the job: [0, n) in parts slices
+    _Atomic uint64_t claim;      // see CLAIM
+    atomic_int finished;         // parts of the current job done
+    // The current job, written before its claim word is published; read only by a thread that
+    // holds one of its parts, and the job cannot change before all its parts are done.
+    int n;
     void (*fn)(void *ctx, int lo, int hi, int slot);
     void *ctx;
-} pool = {0, {0}, 0, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL};
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .start = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
-static void run_slice(int part) {
-    const int lo = (int)((long long)pool.n * part / pool.parts), hi = (int)((long long)pool.n * (part + 1) / pool.parts);
-    if (lo < hi) pool.fn(pool.ctx, lo, hi, part);
+// Spin iterations before sleeping: long enough to cover the gap between a step's jobs, short
+// enough not to matter where threads outnumber cores.
+#define SPIN_LIMIT 2000
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// Claims and runs parts of generation gen until none is left; slot names the thread's scratch.
+static void run_parts(uint32_t gen, int slot) {
+    uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    while (CLAIM_GEN(c) == gen && CLAIM_NEXT(c) < CLAIM_PARTS(c)) {
+        if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;   // c now holds the word as it is
+        const int part = CLAIM_NEXT(c), parts = CLAIM_PARTS(c);
+        const int lo = (int)((long long)pool.n * part / parts), hi = (int)((long long)pool.n * (part + 1) / parts);
+        if (lo < hi) pool.fn(pool.ctx, lo, hi, slot);
+        if (atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel) + 1 == parts) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+    }
+}
+
+// A generation other than `seen`, or 0 when the pool stops.
+static uint32_t wait_for_job(uint32_t seen) {
+    for (int i = 0; i < SPIN_LIMIT; i++) {
+        const uint32_t g = CLAIM_GEN(atomic_load_explicit(&pool.claim, memory_order_acquire));
+        if (g != seen) return g;
+        cpu_relax();
+    }
+    pthread_mutex_lock(&pool.lock);
+    while (CLAIM_GEN(atomic_load(&pool.claim)) == seen && !pool.stop) pthread_cond_wait(&pool.start, &pool.lock);
+    const uint32_t g = pool.stop ? 0 : CLAIM_GEN(atomic_load(&pool.claim));
+    pthread_mutex_unlock(&pool.lock);
+    return g;
 }
 
 static void *worker(void *arg) {
     const int slot = (int)(long)arg;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&pool.lock);
-    for (;;) {
-        while (pool.generation == seen && !pool.stop) pthread_cond_wait(&pool.start, &pool.lock);
-        if (pool.stop) break;
-        seen = pool.generation;
-        const int mine = slot < pool.parts;
-        pthread_mutex_unlock(&pool.lock);
-        if (mine) run_slice(slot);
-        pthread_mutex_lock(&pool.lock);
-        if (mine && --pool.pending == 0) pthread_cond_signal(&pool.done);
-    }
-    pthread_mutex_unlock(&pool.lock);
+    uint32_t seen = 0;
+    while ((seen = wait_for_job(seen)) != 0) run_parts(seen, slot);
     return NULL;
 }
 
@@ -78,21 +121,29 @@ int pool_threads(void) {
     return pool.threads;
 }
 
+// Publishes a job of `parts` parts (its fields first, then the claim word) and wakes sleepers.
+static uint32_t publish(int n, int parts, void (*fn)(void *ctx, int lo, int hi, int slot), void *ctx) {
+    pthread_mutex_lock(&pool.lock);
+    pool.n = n, pool.fn = fn, pool.ctx = ctx;
+    atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
+    uint32_t gen = CLAIM_GEN(atomic_load(&pool.claim)) + 1;
+    if (gen == 0) gen = 1;   // 0 means "stopped" to a waiting worker
+    atomic_store_explicit(&pool.claim, CLAIM(gen, parts, 0), memory_order_release);
+    pthread_cond_broadcast(&pool.start);
+    pthread_mutex_unlock(&pool.lock);
+    return gen;
+}
+
 void parallel_for(int n, int min_items, void (*fn)(void *ctx, int lo, int hi, int slot), void *ctx) {
-    int parts = pool_threads();
+    int parts = pool_threads() * PARTS_PER_THREAD;
     if (min_items > 0 && n / min_items < parts) parts = n / min_items > 1 ? n / min_items : 1;
-    if (parts <= 1) {
+    if (pool_threads() == 1 || parts <= 1) {
         if (n > 0) fn(ctx, 0, n, 0);
         return;
     }
+    run_parts(publish(n, parts, fn, ctx), 0);
+    for (int i = 0; i < SPIN_LIMIT && atomic_load_explicit(&pool.finished, memory_order_acquire) < parts; i++) cpu_relax();
     pthread_mutex_lock(&pool.lock);
-    pool.n = n, pool.parts = parts, pool.fn = fn, pool.ctx = ctx;
-    pool.pending = parts - 1;
-    pool.generation++;
-    pthread_cond_broadcast(&pool.start);
-    pthread_mutex_unlock(&pool.lock);
-    run_slice(0);
-    pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.lock);
+    while (atomic_load(&pool.finished) < parts) pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
 }

@@ -24,6 +24,7 @@
 #include "sampler.h"
 #include "tokenizer.h"
 #include "util.h"
+#include "vec.h"
 #include "ref_encode.h"
 #ifdef HAVE_GPU
 #include "dispatch.h"
@@ -436,6 +437,86 @@ static void test_cpu_batch(void) {
               "%zu of %zu logits differ", bad, total);
         arena_free();
     }
+}
+
+// y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
+// accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
+// failure or NULL.
+static const char *check_ref(const float *y, const double *ref, const double *mag, int M, int N, double rel, char *what) {
+    for (size_t i = 0; i < (size_t)M * N; i++)
+        if (!(fabs(y[i] - ref[i]) <= rel * mag[i] + 1e-30)) {
+            snprintf(what, 200, "M %d: y[%zu][%zu] = %g, reference %g (tolerance %.2e)", M, i / N, i % N, y[i], ref[i], rel * mag[i]);
+            return what;
+        }
+    return NULL;
+}
+
+// The CPU matmul on every instruction set this CPU has (vec.c), awkward shapes: K not a multiple
+// of the 16 lanes or of the group size, gs not a multiple of 16 (the dequantize-first path), rows
+// not a multiple of the tile, M from 1 up. Each result against the float64 reference within
+// 1e-5 x sum_k |w x|, outputs poisoned with NaN first; a slice split at an odd row and a token's
+// row computed alone (M = 1) must give the same bits as the whole call.
+static float *cpu_matmul_poisoned(const Mat *w, const float *x, int M, const float *y0, int split, float *scratch) {
+    float *y = talloc((size_t)M * w->rows * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * w->rows; i++) y[i] = y0 ? y0[i] : NAN;
+    vec_matmul_slice(w, x, M, y, y0 != NULL, 0, split, scratch);
+    vec_matmul_slice(w, x, M, y, y0 != NULL, split, w->rows, scratch);
+    return y;
+}
+
+// The first failure for this shape and M, or NULL.
+static const char *cpu_matmul_failure(int N, int K, int gs, int M, char what[200]) {
+    float *x = talloc((size_t)M * K * sizeof(float)), *y0 = talloc((size_t)M * N * sizeof(float));
+    float *scratch = talloc((size_t)VEC_TILE_ROWS * K * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = urand_unit();
+    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = urand_unit();
+    const Mat w = random_mat(N, K, gs > 0, gs, 0.5f);
+    double *wd = mat_to_f64(&w), *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
+    linear_ref_f64(wd, N, K, x, M, ref, mag);
+    free(wd);
+    const float *whole = cpu_matmul_poisoned(&w, x, M, NULL, N, scratch);
+    const char *bad = check_ref(whole, ref, mag, M, N, 1e-5, what);   // names M
+    const float *acc = cpu_matmul_poisoned(&w, x, M, y0, N, scratch);
+    const float *split = cpu_matmul_poisoned(&w, x, M, NULL, N / 2 | 1, scratch);
+    const float *alone = cpu_matmul_poisoned(&w, x + (size_t)(M - 1) * K, 1, NULL, N, scratch);
+    const char *differs = NULL;
+    for (size_t i = 0; i < (size_t)M * N && !bad && !differs; i++) {
+        if (!(acc[i] == y0[i] + whole[i])) differs = "accumulating: y0 + W x differs from W x added to y0";
+        if (!(split[i] == whole[i])) differs = "a slice split at an odd row gives other bits";
+        if (i >= (size_t)(M - 1) * N && !(alone[i - (size_t)(M - 1) * N] == whole[i])) differs = "the last token alone (M = 1) gives other bits";
+    }
+    if (differs) snprintf(what, 200, "M %d: %s", M, differs), bad = what;
+    return bad;
+}
+
+static void test_cpu_matmul_shape(int N, int K, int gs, const char *isa) {
+    static const int Ms[] = {1, 2, 3, 4, 5, 9};
+    char name[160], what[200];
+    const char *bad = NULL;
+    int M = 0;
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0] && !bad; i++) bad = cpu_matmul_failure(N, K, gs, M = Ms[i], what);
+    char kind[16] = "fp32";
+    if (gs) snprintf(kind, sizeof kind, "int8 gs %d", gs);
+    snprintf(name, sizeof name, "cpu matmul %s: N %d K %d %s, M 1 to 9", isa, N, K, kind);
+    check(!bad, name, "%s", bad);
+}
+
+static void test_cpu_matmul(void) {
+    static const int shapes[][3] = {   // N, K, gs (0: FP32)
+        {1, 16, 16}, {7, 33, 16}, {13, 100, 32}, {33, 288, 64}, {5, 172, 64}, {9, 130, 128},
+        {31, 257, 48}, {6, 40, 8}, {11, 77, 0}, {4, 288, 0}, {17, 15, 0},
+    };
+    int tested = 0;
+    for (int i = 0; i < vec_isa_count(); i++) {
+        if (vec_select_isa(i) != 0) continue;
+        tested++;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            test_cpu_matmul_shape(shapes[s][0], shapes[s][1], shapes[s][2], vec_isa_name());
+        arena_free();
+    }
+    for (int i = 0; i < vec_isa_count(); i++)   // back to the best one
+        if (vec_select_isa(i) == 0) break;
+    check(tested > 0, "cpu matmul: at least one instruction set runs here", "none of %d", vec_isa_count());
 }
 
 static const Config small_shapes[] = {
@@ -929,6 +1010,7 @@ static void test_synthetic(void) {
 // The CPU groups
 
 static void test_cpu(void) {
+    test_cpu_matmul();
     test_cpu_forward();
     test_cpu_batch();
     test_topp_sampling();
@@ -965,18 +1047,6 @@ static void dev_poison(float *d, size_t n) {
     float *nan = talloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) nan[i] = NAN;
     gpu_upload(d, nan, n * sizeof(float));
-}
-
-// y (M, N) vs the float64 reference: each element within rel * sum_k |w x| (1e-5 for FP32
-// accumulation over up to 11008 terms), NaN (an unwritten output) fails. Returns the first
-// failure or NULL.
-static const char *check_ref(const float *y, const double *ref, const double *mag, int M, int N, double rel, char *what) {
-    for (size_t i = 0; i < (size_t)M * N; i++)
-        if (!(fabs(y[i] - ref[i]) <= rel * mag[i] + 1e-30)) {
-            snprintf(what, 200, "M %d: y[%zu][%zu] = %g, reference %g (tolerance %.2e)", M, i / N, i % N, y[i], ref[i], rel * mag[i]);
-            return what;
-        }
-    return NULL;
 }
 
 // The tensor-core kernels' bounds, relative to sum_k |w x|: mma.sync rounds only x to FP16

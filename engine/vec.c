@@ -1,0 +1,119 @@
+// vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs, 16-float lanes.
+//
+//   FP32 weights, any M        tile_f32: each weight vector loaded once feeds T tokens' FMAs
+//                              (T = 1 in decode: the 4 rows' chains hide the FMA latency)
+//   INT8 weights, M < TOKENS   rows_q8: dequantization in registers: 16 int8 widened to float,
+//                              times their group's scale, against x
+//   INT8 weights, M >= TOKENS  the tile's rows dequantized once into the thread's scratch, then
+//   (or gs not a multiple      tile_f32 over all M tokens (prefill is compute-bound: the
+//    of 16)                    conversion is paid once per row, not once per token)
+// Both INT8 paths round w = q * scale to float and then compute as the FP32 one does, so a token's
+// outputs do not depend on how many tokens share its call (a prompt chunk, a --batch step).
+//
+// An output's lanes are summed in one fixed tree (hsum), then the columns past the last whole
+// lane vector are added in order: the same arithmetic whatever the tile around it.
+//
+// The kernels (vec_kernels.h) are compiled once per instruction set: on x86-64 with GCC for
+// x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and the baseline, the best one the CPU (and OS)
+// supports chosen at the first call; elsewhere once, for the compiler's target (NEON on ARM).
+#include "vec.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define ROWS VEC_TILE_ROWS
+#define TOKENS 4
+
+typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
+typedef int8_t i8v __attribute__((vector_size(LANES)));
+typedef int32_t i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+// The helpers pass 64-byte vectors by value; they are always inlined, so no call (and no ABI)
+// ever carries one.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define ISA_NAME(x) CAT(x, ISA)
+
+typedef struct {
+    const char *name;
+    void (*matmul_slice)(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch);
+    float (*dot)(const float *x, const float *y, int n);
+    void (*axpy)(float *y, float a, const float *x, int n);
+} VecIsa;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define X86_CLONES 1
+#include <immintrin.h>   // each instance's #pragma target enables the intrinsics it uses
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+#define ISA v4
+#include "vec_kernels.h"
+#undef ISA
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+#define ISA v3
+#include "vec_kernels.h"
+#undef ISA
+#pragma GCC pop_options
+#endif
+
+#define ISA base
+#include "vec_kernels.h"
+#undef ISA
+
+#if defined(__x86_64__)
+#define VEC_BASE_NAME "x86-64 (SSE2)"
+#elif defined(__aarch64__)
+#define VEC_BASE_NAME "aarch64 (NEON)"
+#else
+#define VEC_BASE_NAME "portable C"
+#endif
+
+static const VecIsa isas[] = {
+#ifdef X86_CLONES
+    {"x86-64-v4 (AVX-512)", matmul_slice_v4, dot_v4, axpy_v4},
+    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, dot_v3, axpy_v3},
+#endif
+    {VEC_BASE_NAME, matmul_slice_base, dot_base, axpy_base},
+};
+#define N_ISAS ((int)(sizeof isas / sizeof isas[0]))
+
+static int supported(int i) {
+#ifdef X86_CLONES
+    __builtin_cpu_init();
+    if (i == 0) return __builtin_cpu_supports("x86-64-v4");
+    if (i == 1) return __builtin_cpu_supports("x86-64-v3");
+#endif
+    return i == N_ISAS - 1;
+}
+
+static const VecIsa *current;
+
+static const VecIsa *isa(void) {
+    if (!current)
+        for (int i = 0; i < N_ISAS && !current; i++)
+            if (supported(i)) current = &isas[i];
+    return current;
+}
+
+const char *vec_isa_name(void) { return isa()->name; }
+
+int vec_select_isa(int i) {
+    if (i < 0 || i >= N_ISAS || !supported(i)) return -1;
+    current = &isas[i];
+    return 0;
+}
+
+int vec_isa_count(void) { return N_ISAS; }
+
+void vec_matmul_slice(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch) {
+    isa()->matmul_slice(w, in, M, out, accumulate, lo, hi, scratch);
+}
+float vec_dot(const float *x, const float *y, int n) { return isa()->dot(x, y, n); }
+void vec_axpy(float *y, float a, const float *x, int n) { isa()->axpy(y, a, x, n); }

@@ -1,0 +1,178 @@
+// vec_kernels.h: the bodies of vec.c's kernels, included once per instruction set with
+// ISA_NAME(x) naming that instance (vec.c). No include guard: that is the point.
+
+// Loops over the tile's rows and tokens are unrolled so that its accumulators stay in registers.
+#define UNROLL _Pragma("GCC unroll 16")
+
+// Every helper gets the instance's suffix too.
+#define load_f32 ISA_NAME(load_f32)
+#define load_i8 ISA_NAME(load_i8)
+#define hsum ISA_NAME(hsum)
+#define tile_f32 ISA_NAME(tile_f32)
+#define rows_q8 ISA_NAME(rows_q8)
+#define dequant_rows ISA_NAME(dequant_rows)
+#define store ISA_NAME(store)
+#define tile_rows_f32 ISA_NAME(tile_rows_f32)
+
+static inline __attribute__((always_inline)) f32v load_f32(const float *p) {
+    f32v v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+// 16 int8 widened to float. GCC scalarises the generic conversion, so where the instruction set is
+// known the widening is spelled out: one vpmovsxbd (AVX-512) or two (AVX2).
+static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
+#if defined(__AVX512F__)
+    return (f32v)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
+    f32v v;
+    memcpy(&v, &lo, sizeof lo);
+    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
+    return v;
+#else
+    i8v b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(__builtin_convertvector(b, i32v), f32v);
+#endif
+}
+// Pairwise: lanes i and i + w for w = 8, 4, 2, 1.
+static inline __attribute__((always_inline)) float hsum(const f32v *v) {   // by pointer: a 64-byte vector argument draws an ABI note on SSE2
+    float h[LANES];
+    memcpy(h, v, sizeof h);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int i = 0; i < w; i++) h[i] += h[i + w];
+    return h[0];
+}
+
+// res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).
+static inline __attribute__((always_inline)) void tile_f32(const float *const w[ROWS], const float *const x[TOKENS], int T, int K, float res[ROWS][TOKENS]) {
+    f32v acc[ROWS][TOKENS];
+    memset(acc, 0, sizeof acc);
+    int k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        f32v wv[ROWS];
+        UNROLL for (int r = 0; r < ROWS; r++) wv[r] = load_f32(w[r] + k);
+        UNROLL for (int t = 0; t < T; t++) {
+            const f32v xv = load_f32(x[t] + k);
+            UNROLL for (int r = 0; r < ROWS; r++) acc[r][t] += wv[r] * xv;
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        UNROLL for (int t = 0; t < T; t++) {
+            float s = hsum(&acc[r][t]);
+            for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
+            res[r][t] = s;
+        }
+}
+
+// res[r] = W[r] . x for ROWS INT8 rows q[r] with scales s[r], dequantized in registers: each
+// 16-lane vector lies in one group (gs a multiple of LANES), w = q * scale is rounded to float as
+// dequant_rows rounds it, then multiplied with x as tile_f32 does: bit for bit the same result.
+static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
+    f32v acc[ROWS];
+    memset(acc, 0, sizeof acc);
+    int k = 0;
+    for (int g = 0, group_end = gs; k + LANES <= K; k += LANES) {
+        if (k == group_end) g++, group_end += gs;
+        const f32v xv = load_f32(x + k);
+        UNROLL for (int r = 0; r < ROWS; r++) {
+            const f32v wv = load_i8(q[r] + k) * s[r][g];
+            acc[r] += wv * xv;
+        }
+    }
+    UNROLL for (int r = 0; r < ROWS; r++) {
+        float sum = hsum(&acc[r]);
+        for (int j = k; j < K; j++) {
+            const float w = q[r][j] * s[r][j / gs];
+            sum += w * x[j];
+        }
+        res[r] = sum;
+    }
+}
+
+// Rows r0 .. r0 + ROWS - 1 of an INT8 matrix as floats, w[r][c] = q[r][c] * s[r][c / gs].
+static inline __attribute__((always_inline)) void dequant_rows(const Mat *w, const int rows[ROWS], float *dst) {
+    for (int i = 0; i < ROWS; i++) {
+        const int8_t *q = w->q + (size_t)rows[i] * w->stride;
+        const float *s = w->s + (size_t)rows[i] * w->groups;
+        float *d = dst + (size_t)i * w->cols;
+        for (int lo = 0, g = 0; lo < w->cols; lo += w->gs, g++) {
+            const int hi = lo + w->gs < w->cols ? lo + w->gs : w->cols;
+            for (int c = lo; c < hi; c++) d[c] = q[c] * s[g];   // rounded to float, as rows_q8 does
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store(float *out, size_t at, float v, int accumulate) {
+    if (accumulate) out[at] += v;
+    else out[at] = v;
+}
+
+// One tile of rows (the last tile repeats its last row: computed, not stored) against the tokens
+// in groups of up to TOKENS (likewise padded with the group's first token).
+static inline __attribute__((always_inline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
+                          float *out, int N, int accumulate) {
+    for (int t0 = 0; t0 < M; t0 += TOKENS) {
+        const int nt = M - t0 < TOKENS ? M - t0 : TOKENS;
+        const float *x[TOKENS];
+        for (int t = 0; t < TOKENS; t++) x[t] = in + (size_t)(t0 + (t < nt ? t : 0)) * K;
+        float res[ROWS][TOKENS];
+        if (nt == 1) tile_f32(wr, x, 1, K, res);
+        else tile_f32(wr, x, TOKENS, K, res);
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++) store(out, (size_t)(t0 + t) * N + rows[r], res[r][t], accumulate);
+    }
+}
+
+static void ISA_NAME(matmul_slice)(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch) {
+    const int K = w->cols, N = w->rows;
+    for (int r0 = lo; r0 < hi; r0 += ROWS) {
+        const int nr = hi - r0 < ROWS ? hi - r0 : ROWS;
+        int rows[ROWS];
+        for (int i = 0; i < ROWS; i++) rows[i] = r0 + (i < nr ? i : nr - 1);
+        if (!w->f && M < TOKENS && w->gs % LANES == 0) {
+            const int8_t *q[ROWS];
+            const float *s[ROWS];
+            for (int i = 0; i < ROWS; i++) q[i] = w->q + (size_t)rows[i] * w->stride, s[i] = w->s + (size_t)rows[i] * w->groups;
+            for (int m = 0; m < M; m++) {
+                float res[ROWS];
+                rows_q8(q, s, K, w->gs, in + (size_t)m * K, res);
+                for (int r = 0; r < nr; r++) store(out, (size_t)m * N + rows[r], res[r], accumulate);
+            }
+            continue;
+        }
+        const float *wr[ROWS];
+        if (w->f) {
+            for (int i = 0; i < ROWS; i++) wr[i] = w->f + (size_t)rows[i] * w->stride;
+        } else {
+            dequant_rows(w, rows, scratch);
+            for (int i = 0; i < ROWS; i++) wr[i] = scratch + (size_t)i * K;
+        }
+        tile_rows_f32(wr, nr, rows, in, M, K, out, N, accumulate);
+    }
+}
+
+static float ISA_NAME(dot)(const float *x, const float *y, int n) {
+    f32v acc = {0};
+    int k = 0;
+    for (; k + LANES <= n; k += LANES) acc += load_f32(x + k) * load_f32(y + k);
+    float s = hsum(&acc);
+    for (; k < n; k++) s += x[k] * y[k];
+    return s;
+}
+
+static void ISA_NAME(axpy)(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+#undef UNROLL
+#undef load_f32
+#undef load_i8
+#undef hsum
+#undef tile_f32
+#undef rows_q8
+#undef dequant_rows
+#undef store
+#undef tile_rows_f32
