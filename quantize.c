@@ -389,10 +389,10 @@ static void report(const Job *jobs, int n_jobs, size_t in_bytes, size_t out_byte
 // CLI
 
 static const struct { const char *name; Config c; int shared; } presets[] = {
-    {"llama2-7b", {4096, 11008, 32, 32, 32, 32000, 4096}, 0},
-    {"tinyllama-1.1b", {2048, 5632, 22, 32, 4, 32000, 2048}, 0},
-    {"stories15m", {288, 768, 6, 6, 6, 32000, 256}, 1},
-    {"stories110m", {768, 2048, 12, 12, 12, 32000, 1024}, 1},
+    {"llama2-7b", LLAMA2C_CONFIG(4096, 11008, 32, 32, 32, 32000, 4096), 0},
+    {"tinyllama-1.1b", LLAMA2C_CONFIG(2048, 5632, 22, 32, 4, 32000, 2048), 0},
+    {"stories15m", LLAMA2C_CONFIG(288, 768, 6, 6, 6, 32000, 256), 1},
+    {"stories110m", LLAMA2C_CONFIG(768, 2048, 12, 12, 12, 32000, 1024), 1},
 };
 
 // NAME is a preset or "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (a negative vocab: an
@@ -402,6 +402,7 @@ static int parse_shape(const char *name, Config *c, int *shared, char *err) {
         if (!strcmp(name, presets[i].name)) {
             *c = presets[i].c;
             *shared = presets[i].shared;
+            config_defaults(c);
             return 0;
         }
     int v[7], used = 0;
@@ -410,9 +411,10 @@ static int parse_shape(const char *name, Config *c, int *shared, char *err) {
                                "stories110m) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len", name);
         return -1;
     }
-    *c = (Config){v[0], v[1], v[2], v[3], v[4], v[5] == INT_MIN ? 0 : v[5] < 0 ? -v[5] : v[5], v[6]};
+    *c = (Config)LLAMA2C_CONFIG(v[0], v[1], v[2], v[3], v[4], v[5] == INT_MIN ? 0 : v[5] < 0 ? -v[5] : v[5], v[6]);
     *shared = v[5] > 0;
     char why[ERR_LEN];
+    config_defaults(c);
     if (validate_config(c, why)) {
         snprintf(err, ERR_LEN, "--synthetic %.100s: %.380s", name, why);
         return -1;

@@ -15,8 +15,18 @@
 #include "util.h"
 #include "vec.h"
 
+// The CPU executor's own state (Exec.priv).
+typedef struct {
+    float *tiles;       // (threads, VEC_TILE_ROWS, max_cols): each thread's dequantized weight rows
+    float *rope_freq;   // (head_dim / 2): rope_frequencies()
+} CpuState;
+#define CPU(e) ((CpuState *)(e)->priv)
+
 // The widest input of a linear layer: the longest row a thread dequantizes.
-static size_t max_cols(const Config *p) { return (size_t)(p->dim > p->hidden_dim ? p->dim : p->hidden_dim); }
+static size_t max_cols(const Config *p) {
+    int cols = p->dim > p->hidden_dim ? p->dim : p->hidden_dim;
+    return (size_t)(cols > q_dim_of(p) ? cols : q_dim_of(p));
+}
 
 static void cpu_embed(Exec *e, const int *tokens, int M) {
     const Mat *t = &e->w->tok_embedding;
@@ -38,7 +48,7 @@ static void cpu_rmsnorm(Exec *e, float *out, const float *in, const float *w, in
         float ss = 0.0f;
         for (int j = 0; j < n; j++) ss += x[j] * x[j];
         ss /= n;
-        ss += 1e-5f;
+        ss += e->cfg.norm_eps;
         ss = 1.0f / sqrtf(ss);
         for (int j = 0; j < n; j++) out[(size_t)m * n + j] = w[j] * (ss * x[j]);
     }
@@ -57,7 +67,7 @@ typedef struct {
     const float *in;
     int M, accumulate;
     const Mat *w;
-    float *tiles;   // (threads, VEC_TILE_ROWS, tile_cols): each thread's dequantized rows
+    float *tiles;   // CpuState.tiles
     size_t tile_cols;
 } MatmulJob;
 
@@ -74,7 +84,7 @@ static void matmul_rows(void *ctx, int lo, int hi, int slot) {
 // Rows split over the pool's threads; each output is one thread's, summed in the same order
 // whatever the thread count.
 static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
-    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w, e->priv, max_cols(&e->cfg)};
+    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w, CPU(e)->tiles, max_cols(&e->cfg)};
     const long per_row = (long)w->cols * M;
     parallel_for(w->rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }
@@ -91,18 +101,16 @@ static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
     }
 }
 
-// RoPE: rotate each pair (2i, 2i+1) of every head by pos * 10000^(-2i/head_size); keys only cover
-// kv_dim. Same operations as llama2.c, so FP32 results match it bit for bit. Then the new keys
-// and values go into the cache rows pos..pos+M-1.
+// RoPE: rotate each pair (2i, 2i+1) of every head by pos * freq_i (rope_frequencies: for
+// llama2.c's models the same operations as llama2.c, so FP32 results match it bit for bit); keys
+// only cover kv_dim. Then the new keys and values go into the cache rows pos..pos+M-1.
 static void cpu_rope_store(Exec *e, int layer, const Step *st) {
     const Config *p = &e->cfg;
-    int dim = p->dim, head_size = dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
+    const int q_dim = q_dim_of(p), kv_dim = kv_width_of(p), hd = p->head_dim;
     for (int m = 0; m < st->M; m++) {
-        float *q = e->s.q + (size_t)m * dim, *k = e->s.k + (size_t)m * kv_dim;
-        for (int i = 0; i < dim; i += 2) {
-            int head_dim = i % head_size;
-            float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
-            float val = token_pos(st, m) * freq, fcr = cosf(val), fci = sinf(val);
+        float *q = e->s.q + (size_t)m * q_dim, *k = e->s.k + (size_t)m * kv_dim;
+        for (int i = 0; i < q_dim; i += 2) {
+            float val = token_pos(st, m) * CPU(e)->rope_freq[(i % hd) / 2], fcr = cosf(val), fci = sinf(val);
             for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
                 float *vec = v == 0 ? q : k;
                 float v0 = vec[i], v1 = vec[i + 1];
@@ -118,6 +126,12 @@ static void cpu_rope_store(Exec *e, int layer, const Step *st) {
     }
 }
 
+// out (M, n) += bias (n) on every row.
+static void add_bias(float *out, const float *bias, int M, int n) {
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < n; i++) out[(size_t)m * n + i] += bias[i];
+}
+
 // Causal grouped-query attention: token m (at pos + m) attends to cache positions 0..pos+m;
 // query head h reads key/value head h / (n_heads / n_kv_heads).
 typedef struct {
@@ -131,18 +145,18 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
     const AttentionJob *j = ctx;
     Exec *e = j->e;
     const Config *p = &e->cfg;
-    const int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads, kv_mul = p->n_heads / p->n_kv_heads;
+    const int head_size = p->head_dim, q_dim = q_dim_of(p), kv_dim = kv_width_of(p), kv_mul = p->n_heads / p->n_kv_heads;
     float *att = e->s.att + (size_t)slot * e->cfg.seq_len;
     for (int item = lo; item < hi; item++) {
         const int m = item / p->n_heads, h = item % p->n_heads, last = token_pos(j->st, m);
         const size_t loff = cache_offset(e, j->st, j->layer, m);
-        const float *q = e->s.q + (size_t)m * p->dim + h * head_size;
+        const float *q = e->s.q + (size_t)m * q_dim + h * head_size;
         for (int t = 0; t <= last; t++) {
             const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
             att[t] = vec_dot(q, k, head_size) / sqrtf(head_size);
         }
         softmax(att, last + 1);
-        float *xb = e->s.xb + (size_t)m * p->dim + h * head_size;
+        float *xb = e->s.xb + (size_t)m * q_dim + h * head_size;
         memset(xb, 0, head_size * sizeof(float));
         for (int t = 0; t <= last; t++) {
             const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
@@ -154,7 +168,7 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
 // (token, head) pairs split over the pool's threads.
 static void cpu_attention(Exec *e, int layer, const Step *st) {
     AttentionJob j = {e, st, layer};
-    const long per_item = 2L * (token_pos(st, st->M - 1) + 1) * (e->cfg.dim / e->cfg.n_heads);
+    const long per_item = 2L * (token_pos(st, st->M - 1) + 1) * e->cfg.head_dim;
     parallel_for(st->M * e->cfg.n_heads, (int)(MIN_SLICE_WORK / per_item + 1), attention_heads, &j);
 }
 
@@ -178,6 +192,8 @@ static void cpu_release(Exec *e) {
     RunState *s = &e->s;
     void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(CPU(e)->tiles);
+    free(CPU(e)->rope_freq);
     free(e->priv);
 }
 
@@ -188,7 +204,14 @@ static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
 }
 
 static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
+    const Config *p = &e->cfg;
+    const Weights *w = e->w;
     qkv_by_matmul(e, layer, in, st, wq, wk, wv);
+    if (w->bq) {
+        add_bias(e->s.q, w->bq + (size_t)layer * q_dim_of(p), st->M, q_dim_of(p));
+        add_bias(e->s.k, w->bk + (size_t)layer * kv_width_of(p), st->M, kv_width_of(p));
+        add_bias(e->s.v, w->bv + (size_t)layer * kv_width_of(p), st->M, kv_width_of(p));
+    }
     cpu_rope_store(e, layer, st);
 }
 
@@ -220,6 +243,9 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     e->n_seqs = n_seqs;
     alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
     e->s.att = xcalloc((size_t)e->cfg.seq_len * pool_threads(), sizeof(float));   // a row per thread
-    e->priv = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
+    CpuState *c = e->priv = xcalloc(1, sizeof(CpuState));
+    c->tiles = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
+    c->rope_freq = xcalloc((size_t)e->cfg.head_dim / 2, sizeof(float));
+    rope_frequencies(&e->cfg, c->rope_freq);
 }
 

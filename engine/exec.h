@@ -35,8 +35,9 @@ static inline Input normed(const float *x, const float *norm_w) { return (Input)
 
 // Activations and the KV cache; host memory for the CPU executor, device memory for the GPU's.
 typedef struct {
-    float *x, *xb;                    // (MAX_TOKENS, dim): residual stream; normed input / attention output
-    float *q;                         // (MAX_TOKENS, dim)
+    float *x;                         // (MAX_TOKENS, dim): residual stream
+    float *xb;                        // (MAX_TOKENS, max(dim, q_dim)): normed input / attention output
+    float *q;                         // (MAX_TOKENS, q_dim), q_dim = n_heads * head_dim
     float *k, *v;                     // (MAX_TOKENS, kv_dim): the new tokens' keys and values
     float *hb, *hb2;                  // (MAX_TOKENS, hidden_dim)
     float *att;                       // CPU: (threads, seq_len) scores of one head, a row per thread
@@ -124,7 +125,7 @@ size_t step_seq_stride(const Exec *e, const Step *st);
 
 // Sizes of the RunState buffers, in floats; cache: one sequence's.
 typedef struct {
-    size_t x, kv, hidden, logits, cache;
+    size_t x, xb, q, kv, hidden, logits, cache;
 } StateSizes;
 StateSizes state_sizes(const Config *p);
 // kv_bytes: bytes per KV cache element (4: FP32, 2: FP16); n_seqs caches.

@@ -63,7 +63,7 @@ const float *forward_batch(Exec *e, const int *tokens, int B, int pos) {
 // ----------------------------------------------------------------------------
 // KV cache geometry
 
-size_t kv_dim_of(const Config *p) { return (size_t)p->dim / p->n_heads * p->n_kv_heads; }
+size_t kv_dim_of(const Config *p) { return (size_t)kv_width_of(p); }
 size_t layer_rows_bytes(const Exec *e, int rows) { return (size_t)rows * kv_dim_of(&e->cfg) * e->kv_bytes; }
 size_t seq_cache_elems(const Exec *e) { return (size_t)e->cfg.n_layers * e->cfg.seq_len * kv_dim_of(&e->cfg); }
 void *layer_cache(const Exec *e, void *cache, int layer) {
@@ -91,14 +91,17 @@ void for_each_cache_copy(Exec *e, int rows, void (*copy)(Exec *e, void *dst, con
 
 StateSizes state_sizes(const Config *p) {
     size_t kv_dim = kv_dim_of(p);
-    return (StateSizes){(size_t)MAX_TOKENS * p->dim, MAX_TOKENS * kv_dim, (size_t)MAX_TOKENS * p->hidden_dim,
-                        (size_t)MAX_TOKENS * p->vocab_size, (size_t)p->n_layers * p->seq_len * kv_dim};
+    const size_t wide = (size_t)(p->dim > q_dim_of(p) ? p->dim : q_dim_of(p));   // xb holds either
+    return (StateSizes){(size_t)MAX_TOKENS * p->dim,         MAX_TOKENS * wide,
+                        (size_t)MAX_TOKENS * q_dim_of(p),    MAX_TOKENS * kv_dim,
+                        (size_t)MAX_TOKENS * p->hidden_dim,  (size_t)MAX_TOKENS * p->vocab_size,
+                        (size_t)p->n_layers * p->seq_len * kv_dim};
 }
 
 void alloc_state(RunState *s, const Config *p, int kv_bytes, int n_seqs, void *(*alloc)(size_t bytes)) {
     StateSizes z = state_sizes(p);
     z.cache *= n_seqs;
-    s->x = alloc(z.x * sizeof(float)), s->xb = alloc(z.x * sizeof(float)), s->q = alloc(z.x * sizeof(float));
+    s->x = alloc(z.x * sizeof(float)), s->xb = alloc(z.xb * sizeof(float)), s->q = alloc(z.q * sizeof(float));
     s->k = alloc(z.kv * sizeof(float)), s->v = alloc(z.kv * sizeof(float));
     s->hb = alloc(z.hidden * sizeof(float)), s->hb2 = alloc(z.hidden * sizeof(float));
     s->logits = alloc(z.logits * sizeof(float));

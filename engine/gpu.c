@@ -359,9 +359,23 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
 
 // Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
 // activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
+// What the GPU kernels do not compute yet: they hold llama2.c's RoPE base, norm epsilon and
+// head size (dim / n_heads), and add no biases. Such a model runs on the CPU.
+static int gpu_supports(const Config *p, char *why) {
+    const char *lacks = p->qkv_bias                           ? "q/k/v biases"
+                        : p->rope_scaling.type != ROPE_PLAIN  ? "RoPE frequency scaling"
+                        : p->rope_theta != 10000.0f           ? "a RoPE base other than 10000"
+                        : p->norm_eps != 1e-5f                ? "an RMSNorm epsilon other than 1e-5"
+                        : p->head_dim * p->n_heads != p->dim  ? "a head size other than dim / n_heads"
+                                                              : NULL;
+    if (lacks) snprintf(why, ERR_LEN, "the GPU kernels do not support %s yet", lacks);
+    return lacks == NULL;
+}
+
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     const Config cfg = exec_config(m, opt.context), *p = &cfg;
-    int head_size = p->dim / p->n_heads, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
+    int head_size = p->head_dim, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
+    if (!gpu_supports(p, why)) return GPU_UNAVAILABLE;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
     if (head_size > gpu_attention_max_head_size()) {
         snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());

@@ -29,6 +29,52 @@ const char *format_name(int format) {
 // ----------------------------------------------------------------------------
 // Config validation: limits are generous but keep every size product inside 64 bits.
 
+void config_defaults(Config *c) {
+    if (c->head_dim == 0 && c->n_heads > 0 && c->dim % c->n_heads == 0) c->head_dim = c->dim / c->n_heads;
+    if (c->rope_theta == 0.0f) c->rope_theta = 10000.0f;
+    if (c->norm_eps == 0.0f) c->norm_eps = 1e-5f;
+}
+
+// freq_i = theta^(-2i / head_dim), the expression llama2.c evaluates (same float operations, so
+// FP32 results stay bit-identical to it); Llama 3.1 scaling as transformers computes it.
+void rope_frequencies(const Config *c, float *freq) {
+    const RopeScaling *r = &c->rope_scaling;
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        float f = 1.0f / powf(c->rope_theta, (2 * i) / (float)c->head_dim);
+        if (r->type == ROPE_LLAMA3) {
+            const double wavelen = 2 * M_PI / f, low = r->original_context / r->low_freq_factor,
+                         high = r->original_context / r->high_freq_factor;
+            if (wavelen > low) f = f / r->factor;
+            else if (wavelen >= high) {
+                const double smooth = (r->original_context / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                f = (float)((1 - smooth) * f / r->factor + smooth * f);
+            }
+        }
+        freq[i] = f;
+    }
+}
+
+// The fields beyond llama2.c's header: finite, positive, and a scaling that is a scaling.
+static int validate_extensions(const Config *c, char *why) {
+    const RopeScaling *r = &c->rope_scaling;
+    if (!(c->rope_theta >= 1.0f && c->rope_theta <= 1e12f) || !(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) {
+        snprintf(why, ERR_LEN, "header field rope_theta = %g or norm_eps = %g is out of range", c->rope_theta, c->norm_eps);
+        return -1;
+    }
+    if (c->qkv_bias != 0 && c->qkv_bias != 1) {
+        snprintf(why, ERR_LEN, "header field qkv_bias = %d is not 0 or 1", c->qkv_bias);
+        return -1;
+    }
+    if (r->type == ROPE_PLAIN) return 0;
+    if (r->type != ROPE_LLAMA3 || !(r->factor >= 1.0f && r->factor <= 1e6f) || !(r->low_freq_factor > 0.0f) ||
+        !(r->high_freq_factor > r->low_freq_factor && r->high_freq_factor < 1e6f) || r->original_context < 1) {
+        snprintf(why, ERR_LEN, "header fields of the RoPE scaling (type %d, factor %g, low %g, high %g, original context %d) are invalid",
+                 r->type, r->factor, r->low_freq_factor, r->high_freq_factor, r->original_context);
+        return -1;
+    }
+    return 0;
+}
+
 int validate_config(const Config *c, char *why) {
     struct { const char *name; int value, lo, hi; } f[] = {
         {"dim", c->dim, 2, 1 << 16},         {"hidden_dim", c->hidden_dim, 1, 1 << 18},
@@ -41,7 +87,7 @@ int validate_config(const Config *c, char *why) {
             snprintf(why, ERR_LEN, "header field %s = %d is outside [%d, %d]", f[i].name, f[i].value, f[i].lo, f[i].hi);
             return -1;
         }
-    if (c->dim % c->n_heads) {
+    if (c->head_dim == 0) {   // config_defaults found no head_dim and could not derive one
         snprintf(why, ERR_LEN, "header field dim = %d is not divisible by n_heads = %d", c->dim, c->n_heads);
         return -1;
     }
@@ -49,18 +95,18 @@ int validate_config(const Config *c, char *why) {
         snprintf(why, ERR_LEN, "header field n_heads = %d is not divisible by n_kv_heads = %d", c->n_heads, c->n_kv_heads);
         return -1;
     }
-    if ((c->dim / c->n_heads) % 2) {
-        snprintf(why, ERR_LEN, "head size dim / n_heads = %d is odd; RoPE rotates pairs", c->dim / c->n_heads);
+    if (c->head_dim < 2 || c->head_dim > 1024 || c->head_dim % 2 || (long)c->head_dim * c->n_heads > (1 << 18)) {
+        snprintf(why, ERR_LEN, "head size %d is odd or outside [2, 1024] (RoPE rotates pairs), or n_heads x head size is over 2^18",
+                 c->head_dim);
         return -1;
     }
-    return 0;
+    return validate_extensions(c, why);
 }
 
 void linear_shape(const Config *c, int which, int *rows, int *cols) {
-    int kv_dim = c->dim / c->n_heads * c->n_kv_heads;
-    static const int out_is[7] = {0, 1, 1, 0, 2, 0, 2};   // 0 dim, 1 kv_dim, 2 hidden
-    static const int in_is[7] = {0, 0, 0, 0, 0, 2, 0};
-    int size[3] = {c->dim, kv_dim, c->hidden_dim};
+    static const int out_is[7] = {3, 1, 1, 0, 2, 0, 2};   // 0 dim, 1 kv_dim, 2 hidden, 3 q_dim
+    static const int in_is[7] = {0, 0, 0, 3, 0, 2, 0};
+    int size[4] = {c->dim, kv_width_of(c), c->hidden_dim, q_dim_of(c)};
     *rows = size[out_is[which]];
     *cols = size[in_is[which]];
 }
@@ -152,8 +198,9 @@ static void read_config(const unsigned char *p, Config *c) {
     c->seq_len = read_i32(p + 24);
 }
 
-static int check_config(Src *f, const Config *c) {
+static int check_config(Src *f, Config *c) {
     char why[ERR_LEN];
+    config_defaults(c);
     if (validate_config(c, why) == 0) return 0;
     return fail(f, why);
 }
@@ -211,7 +258,7 @@ static int load_v0(Src *f, Model *m) {
     if (c->vocab_size < 0) c->vocab_size = c->vocab_size == INT_MIN ? 0 : -c->vocab_size;   // 0: refused below
     if (check_config(f, c)) return -1;
     size_t Ld = (size_t)c->n_layers * c->dim, vd = (size_t)c->vocab_size * c->dim;
-    size_t body = vd + 2 * Ld + c->dim, freq = (size_t)c->seq_len * (c->dim / c->n_heads);
+    size_t body = vd + 2 * Ld + c->dim, freq = (size_t)c->seq_len * c->head_dim;
     for (int w = 0; w < 7; w++) body += fp32_linear_floats(c, w);
     size_t with_freq = 28 + 4 * (body + freq + (m->shared_classifier ? 0 : vd));
     // freq_cis tables are optional only where nothing follows them

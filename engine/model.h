@@ -25,6 +25,15 @@
 
 enum { FMT_V0 = 0, FMT_V1 = 1, FMT_V2 = 2, FMT_Q8LM = 3 };
 
+enum { ROPE_PLAIN = 0, ROPE_LLAMA3 = 1 };
+// Llama 3.1's RoPE frequency scaling: wavelengths beyond original_context / low_freq_factor are
+// stretched by factor, those under original_context / high_freq_factor kept, blended between.
+typedef struct {
+    int type;                // ROPE_PLAIN or ROPE_LLAMA3
+    float factor, low_freq_factor, high_freq_factor;
+    int original_context;    // original_max_position_embeddings
+} RopeScaling;
+
 typedef struct {
     int dim;        // transformer width
     int hidden_dim; // feed-forward width
@@ -33,7 +42,22 @@ typedef struct {
     int n_kv_heads; // key/value heads (grouped-query when fewer than n_heads)
     int vocab_size;
     int seq_len;    // context length
+    // Beyond llama2.c's header (Q8LM v2); config_defaults() gives llama2.c's values where 0.
+    int head_dim;        // width of one head (dim / n_heads in llama2.c's models)
+    float rope_theta;    // RoPE base (10000)
+    float norm_eps;      // RMSNorm epsilon (1e-5)
+    int qkv_bias;        // 1: the q, k and v projections add a bias (Qwen2)
+    RopeScaling rope_scaling;
 } Config;
+
+// A config of llama2.c's seven header fields; the rest 0, which config_defaults fills in.
+#define LLAMA2C_CONFIG(d, h, l, nh, nkv, v, s) \
+    {.dim = (d), .hidden_dim = (h), .n_layers = (l), .n_heads = (nh), .n_kv_heads = (nkv), .vocab_size = (v), .seq_len = (s)}
+void config_defaults(Config *c);   // head_dim, rope_theta, norm_eps where 0: llama2.c's
+static inline int q_dim_of(const Config *c) { return c->n_heads * c->head_dim; }      // all query heads
+static inline int kv_width_of(const Config *c) { return c->n_kv_heads * c->head_dim; }   // all key/value heads
+// RoPE: the rotation frequency of each pair (2i, 2i+1) of a head, i < head_dim / 2, scaling applied.
+void rope_frequencies(const Config *c, float *freq);
 
 // One linear weight W (rows = out, cols = in); y = W x. Either FP32 (f) or INT8 (q, s).
 // INT8: q is (rows, stride), stride = cols rounded up to ROW_ALIGN, padding zero;
@@ -54,6 +78,7 @@ typedef struct {
     Mat *wq, *wk, *wv, *wo;             // per layer: (dim, dim), (kv_dim, dim), (kv_dim, dim), (dim, dim)
     Mat *w1, *w2, *w3;                  // per layer: (hidden, dim), (dim, hidden), (hidden, dim)
     Mat wcls;                           // (vocab, dim); the embedding's storage when shared
+    const float *bq, *bk, *bv;          // (layer, q_dim), (layer, kv_dim), (layer, kv_dim): biases, or NULL
     const float *rms_att, *rms_ffn;     // (layer, dim)
     const float *rms_final;             // (dim)
 } Weights;

@@ -26,6 +26,9 @@
 #define TOKENS 4
 
 typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
+typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float f32x4 __attribute__((vector_size(4 * sizeof(float))));
+typedef float f32x2 __attribute__((vector_size(2 * sizeof(float))));
 typedef int8_t i8v __attribute__((vector_size(LANES)));
 typedef int32_t i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
 

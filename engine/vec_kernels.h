@@ -37,13 +37,12 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
     return __builtin_convertvector(__builtin_convertvector(b, i32v), f32v);
 #endif
 }
-// Pairwise: lanes i and i + w for w = 8, 4, 2, 1.
+// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors).
 static inline __attribute__((always_inline)) float hsum(const f32v *v) {   // by pointer: a 64-byte vector argument draws an ABI note on SSE2
-    float h[LANES];
-    memcpy(h, v, sizeof h);
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int i = 0; i < w; i++) h[i] += h[i + w];
-    return h[0];
+    const f32x8 h8 = __builtin_shufflevector(*v, *v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(*v, *v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const f32x4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    const f32x2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
+    return h2[0] + h2[1];
 }
 
 // res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).

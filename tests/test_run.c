@@ -193,6 +193,7 @@ static Mat random_mat(int rows, int cols, int quantized, int gs, float std) {
 
 static void random_model(Model *m, Config c, int quantized, int gs, int shared) {
     memset(m, 0, sizeof *m);
+    config_defaults(&c);
     m->cfg = c;
     m->quantized = quantized;
     m->gs = gs;
@@ -213,6 +214,11 @@ static void random_model(Model *m, Config c, int quantized, int gs, int shared) 
     m->w.rms_att = norms;
     m->w.rms_ffn = norms + (size_t)c.n_layers * c.dim;
     m->w.rms_final = norms + (size_t)2 * c.n_layers * c.dim;
+    if (!c.qkv_bias) return;
+    const size_t qd = (size_t)q_dim_of(&c), kvd = (size_t)kv_width_of(&c);
+    float *b = talloc((size_t)c.n_layers * (qd + 2 * kvd) * sizeof(float));
+    for (size_t i = 0; i < (size_t)c.n_layers * (qd + 2 * kvd); i++) b[i] = 0.5f * nrand();
+    m->w.bq = b, m->w.bk = b + (size_t)c.n_layers * qd, m->w.bv = m->w.bk + (size_t)c.n_layers * kvd;
 }
 
 static double wval(const Mat *m, int r, int c) {
@@ -228,18 +234,36 @@ static void ref_matvec(double *out, const double *x, const Mat *m) {
     }
 }
 
-static void ref_rmsnorm(double *out, const double *x, const float *w, int n) {
+static void ref_rmsnorm(double *out, const double *x, const float *w, int n, double eps) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    ss = 1.0 / sqrt(ss / n + 1e-5);
+    ss = 1.0 / sqrt(ss / n + eps);
     for (int i = 0; i < n; i++) out[i] = w[i] * ss * x[i];
+}
+
+// RoPE angle per position of pair i of a head, in double: theta^(-2i/hs), with Llama 3.1's scaling
+// written from its definition (wavelength bands), independently of the engine's.
+static double ref_rope_freq(const Config *c, int i) {
+    const RopeScaling *r = &c->rope_scaling;
+    double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
+    if (r->type != ROPE_LLAMA3) return f;
+    double wavelen = 2 * M_PI / f, ratio = r->original_context / wavelen;   // periods within the original context
+    if (ratio < r->low_freq_factor) return f / r->factor;                  // long wavelengths: stretched
+    if (ratio > r->high_freq_factor) return f;                             // short: kept
+    double t = (ratio - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+    return (1 - t) * f / r->factor + t * f;
+}
+
+static void ref_add(double *out, const float *b, int n) {
+    for (int i = 0; i < n; i++) out[i] += b[i];
 }
 
 // Logits (T, vocab) of tokens[0..T) at positions 0..T-1, all in double.
 static double *ref_forward(const Model *m, const int *tokens, int T) {
     const Config *c = &m->cfg;
-    int D = c->dim, H = c->hidden_dim, hs = D / c->n_heads, kvd = hs * c->n_kv_heads, kv_mul = c->n_heads / c->n_kv_heads;
-    double *x = talloc(D * 8.0), *xb = talloc(D * 8.0), *q = talloc(D * 8.0), *o = talloc(D * 8.0);
+    int D = c->dim, H = c->hidden_dim, hs = c->head_dim, qd = hs * c->n_heads, kvd = hs * c->n_kv_heads, kv_mul = c->n_heads / c->n_kv_heads;
+    int wide = D > qd ? D : qd;
+    double *x = talloc(D * 8.0), *xb = talloc(wide * 8.0), *q = talloc(qd * 8.0), *o = talloc(qd * 8.0);
     double *h1 = talloc(H * 8.0), *h3 = talloc(H * 8.0), *att = talloc(T * 8.0);
     double *K = talloc((size_t)c->n_layers * T * kvd * 8), *V = talloc((size_t)c->n_layers * T * kvd * 8);
     double *logits = talloc((size_t)T * c->vocab_size * 8);
@@ -247,12 +271,17 @@ static double *ref_forward(const Model *m, const int *tokens, int T) {
         for (int i = 0; i < D; i++) x[i] = wval(&m->w.tok_embedding, tokens[t], i);
         for (int l = 0; l < c->n_layers; l++) {
             double *k = K + ((size_t)l * T + t) * kvd, *v = V + ((size_t)l * T + t) * kvd;
-            ref_rmsnorm(xb, x, m->w.rms_att + (size_t)l * D, D);
+            ref_rmsnorm(xb, x, m->w.rms_att + (size_t)l * D, D, c->norm_eps);
             ref_matvec(q, xb, &m->w.wq[l]);
             ref_matvec(k, xb, &m->w.wk[l]);
             ref_matvec(v, xb, &m->w.wv[l]);
-            for (int i = 0; i < D; i += 2) {
-                double ang = t * pow(10000.0, -(double)(i % hs) / hs), cs = cos(ang), sn = sin(ang);
+            if (m->w.bq) {
+                ref_add(q, m->w.bq + (size_t)l * qd, qd);
+                ref_add(k, m->w.bk + (size_t)l * kvd, kvd);
+                ref_add(v, m->w.bv + (size_t)l * kvd, kvd);
+            }
+            for (int i = 0; i < qd; i += 2) {
+                double ang = t * ref_rope_freq(c, (i % hs) / 2), cs = cos(ang), sn = sin(ang);
                 double *vecs[2] = {q, k};
                 for (int w = 0; w < (i < kvd ? 2 : 1); w++) {
                     double a = vecs[w][i], b = vecs[w][i + 1];
@@ -278,14 +307,14 @@ static double *ref_forward(const Model *m, const int *tokens, int T) {
             }
             ref_matvec(xb, o, &m->w.wo[l]);
             for (int i = 0; i < D; i++) x[i] += xb[i];
-            ref_rmsnorm(xb, x, m->w.rms_ffn + (size_t)l * D, D);
+            ref_rmsnorm(xb, x, m->w.rms_ffn + (size_t)l * D, D, c->norm_eps);
             ref_matvec(h1, xb, &m->w.w1[l]);
             ref_matvec(h3, xb, &m->w.w3[l]);
             for (int i = 0; i < H; i++) h1[i] = h1[i] / (1 + exp(-h1[i])) * h3[i];
             ref_matvec(xb, h1, &m->w.w2[l]);
             for (int i = 0; i < D; i++) x[i] += xb[i];
         }
-        ref_rmsnorm(xb, x, m->w.rms_final, D);
+        ref_rmsnorm(xb, x, m->w.rms_final, D, c->norm_eps);
         ref_matvec(logits + (size_t)t * c->vocab_size, xb, &m->w.wcls);
     }
     return logits;
@@ -421,7 +450,7 @@ static void test_topp_sampling(void) {
 }
 
 static void test_cpu_batch(void) {
-    Config c = {64, 96, 2, 4, 2, 61, 48};
+    Config c = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 61, 48);
     for (int q = 0; q < 2; q++) {
         Model m;
         random_model(&m, c, q, 32, 1);
@@ -520,9 +549,15 @@ static void test_cpu_matmul(void) {
 }
 
 static const Config small_shapes[] = {
-    {48, 172, 2, 6, 2, 67, 24},    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
-    {64, 100, 1, 4, 4, 50, 16},    // no grouping
-    {40, 56, 2, 5, 1, 33, 70},     // head size 8, ratio 5; a context longer than TEST_CHUNK
+    LLAMA2C_CONFIG(48, 172, 2, 6, 2, 67, 24),    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
+    LLAMA2C_CONFIG(64, 100, 1, 4, 4, 50, 16),    // no grouping
+    LLAMA2C_CONFIG(40, 56, 2, 5, 1, 33, 70),     // head size 8, ratio 5; a context longer than TEST_CHUNK
+    // Hugging Face models' features: head_dim other than dim / n_heads, RoPE base and epsilon,
+    // q/k/v biases (Qwen2), Llama 3.1's RoPE scaling with an original context shorter than ours
+    {.dim = 48, .hidden_dim = 100, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 67, .seq_len = 40,
+     .head_dim = 20, .rope_theta = 500000.0f, .norm_eps = 1e-6f, .qkv_bias = 1, .rope_scaling = {ROPE_LLAMA3, 8.0f, 1.0f, 4.0f, 16}},
+    {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 8, .n_kv_heads = 1, .vocab_size = 50, .seq_len = 36,
+     .head_dim = 6, .rope_theta = 1e6f, .qkv_bias = 1},
 };
 
 static void test_cpu_forward(void) {
@@ -1539,7 +1574,7 @@ static void compare_executors(const char *label, const char *file, int T, int fi
 // A batch of 12 sequences on the GPU against the CPU's batch (which equals each sequence alone):
 // the per-sequence caches and positions in RoPE, the KV store and attention, the cache copy.
 static void test_gpu_batch(void) {
-    Config c = {128, 172, 2, 8, 4, 97, 80};
+    Config c = LLAMA2C_CONFIG(128, 172, 2, 8, 4, 97, 80);
     char *fp32 = tpath("b32.bin"), *q8 = tpath("b8.bin"), err[ERR_LEN];
     random_model_files(c, 1, 64, 0, fp32, q8, NULL);
     Model m;
@@ -1583,7 +1618,7 @@ static void test_gpu_batch(void) {
 static void test_gpu_random_models(void) {
     int ratios[] = {1, 2, 4, 8};
     for (int i = 0; i < 4; i++) {
-        Config c = {128, 172, 2, 8, 8 / ratios[i], 97, 80};
+        Config c = LLAMA2C_CONFIG(128, 172, 2, 8, 8 / ratios[i], 97, 80);
         char label[96], *fp32 = tpath("r32.bin"), *q8 = tpath("r8.bin"), *v2 = tpath("rv2.bin");
         random_model_files(c, i % 2, 32, 4, fp32, q8, i == 0 ? v2 : NULL);
         snprintf(label, sizeof label, "random model gqa ratio %d fp32", ratios[i]);
@@ -1594,7 +1629,7 @@ static void test_gpu_random_models(void) {
     }
     // head sizes 12 (FP16 cache: the attention's value sum by pairs; FP32: 3 units of 16 bytes a
     // row, 85 groups) and 48 (stories15m's: 6 FP16 units, 42 groups, 252 of 256 threads)
-    Config odd_heads[] = {{96, 172, 2, 8, 4, 97, 80}, {192, 172, 2, 4, 2, 97, 80}};
+    Config odd_heads[] = {LLAMA2C_CONFIG(96, 172, 2, 8, 4, 97, 80), LLAMA2C_CONFIG(192, 172, 2, 4, 2, 97, 80)};
     for (int i = 0; i < 2; i++) {
         char label[96], *fp32 = tpath("h32.bin"), *q8 = tpath("h8.bin");
         random_model_files(odd_heads[i], 0, 32, 0, fp32, q8, NULL);
@@ -1606,7 +1641,7 @@ static void test_gpu_random_models(void) {
 // A context of 1300: the attention splits into six blocks of 256 rows per head (the last
 // partial, the later ones empty early on); 1040 tokens prefilled in chunks, then 60 decoded.
 static void test_gpu_long_context(void) {
-    Config c = {64, 96, 2, 4, 2, 97, 1300};
+    Config c = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 97, 1300);
     char *fp32 = tpath("long32.bin"), *q8 = tpath("long8.bin");
     random_model_files(c, 1, 32, 0, fp32, q8, NULL);
     compare_executors("random model, context 1300 (split attention) int8 gs32", q8, 1100, 1040, 0);
@@ -1618,7 +1653,7 @@ static void test_gpu_long_context(void) {
     prefill_chunk = TEST_CHUNK;
     // head size 128, context 600: one split of 600 rows, whose value sum takes several batches a
     // thread (16 groups of FP16 units: 128 rows a batch; 8 of FP32: 64), the last one partial
-    Config wide = {256, 96, 2, 2, 1, 97, 600};
+    Config wide = LLAMA2C_CONFIG(256, 96, 2, 2, 1, 97, 600);
     random_model_files(wide, 1, 64, 0, fp32, q8, NULL);
     compare_executors("random model, head size 128, context 600 int8 gs64", q8, 600, 530, 0);
 }
@@ -1679,7 +1714,7 @@ static void test_gpu_real_models(void) {
 // file (no disk blocks behind it). The executor and ./run must refuse it with the sizes, before
 // allocating anything.
 static void test_gpu_too_small(void) {
-    Config c = {8192, 28672, 200, 64, 8, 32000, 4096};
+    Config c = LLAMA2C_CONFIG(8192, 28672, 200, 64, 8, 32000, 4096);
     Q8Layout L;
     q8_layout(&c, 128, 0, &L);
     unsigned char hdr[HEADER_BYTES];
