@@ -18,8 +18,10 @@ override NVFLAGS += -Iengine
 SHARED_MODELS ?= ../shared/models
 
 # The engine: the model and its formats, the executors, the tokenizer and sampler (engine/*.c);
-# run.c and quantize.c are the programs.
+# run.c and quantize.c are the programs. READERS: the formats models come in (JSON, safetensors,
+# GGUF), which quantize imports.
 ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool
+READERS    := json safetensors gguf
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
@@ -89,7 +91,14 @@ tests/test_run: obj/san/test_run.o $(SAN_OBJ) obj/reference.o $(TEST_GPU_OBJ)
 # Test-only models: code15M and two reference files exist only in ../shared/models; where they
 # are missing their tests report skipped.
 OPTIONAL_MODELS := models/code15M.bin models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt
-test: all tests/test_run
+# The format readers' own tests (ASan + UBSan), run by tests/run_tests.sh
+READER_SRC := $(addprefix engine/,$(addsuffix .c,$(READERS))) engine/util.c
+tests/test_json: tests/test_json.c $(READER_SRC) $(HEADERS)
+	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_json.c $(READER_SRC) $(LDLIBS)
+tests/test_gguf: tests/test_gguf.c $(READER_SRC) $(HEADERS)
+	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_gguf.c $(READER_SRC) $(LDLIBS)
+READER_TESTS := tests/test_json tests/test_gguf
+test: all tests/test_run $(READER_TESTS)
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh
 
@@ -113,7 +122,7 @@ bench-cpu: run quantize tokenizer.bin models/code15M.bin
 	sh bench/cpu.sh
 
 clean:
-	rm -rf run quantize *.o obj tests/test_run tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing: libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
@@ -123,7 +132,7 @@ clean:
 # found is kept and which the normal test run replays (tests/run_tests.sh).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := model tokenizer encode run_args quantize_args
+FUZZ_TARGETS := model tokenizer encode run_args quantize_args $(READERS)
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
 # The CPU-only engine (no HAVE_GPU): what the fuzz targets and the valgrind builds link.
@@ -132,6 +141,12 @@ FUZZ_SRC     := tests/fuzz/fuzz.c run.c quantize.c $(CPU_ENGINE_SRC) $(HEADERS)
 fuzz_define   = -DFUZZ_$(shell echo $(1) | tr a-z A-Z)
 tests/fuzz/fuzz_%: $(FUZZ_SRC)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c $(CPU_ENGINE_SRC) -lm -lpthread
+# The readers' targets are files of their own (tests/fuzz/<reader>_target.c)
+$(addprefix tests/fuzz/fuzz_,$(READERS)): tests/fuzz/fuzz_%: tests/fuzz/%_target.c $(READER_SRC) $(HEADERS)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ tests/fuzz/$*_target.c $(READER_SRC) -lm
+$(addprefix tests/fuzz/replay_,$(READERS)): tests/fuzz/replay_%: tests/fuzz/%_target.c $(READER_SRC) $(HEADERS)
+	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
+	    -DFUZZ_REPLAY -o $@ tests/fuzz/$*_target.c $(READER_SRC) -lm
 # gcc replay builds of the same targets, for the regression files
 tests/fuzz/replay_%: $(FUZZ_SRC)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \

@@ -38,6 +38,24 @@ pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
 if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then bad "tests/test_run" "exit status $rc without a FAIL line:"; tail -20 "$tmp/unit.log"; fi
 end_section
 
+# 1b. the format readers' tests (JSON, safetensors, GGUF): each program ends with
+#     "<name>: N passed, N failed"; its failures are shown
+section "format readers"
+for t in json gguf; do
+    if [ -n "${CLI_ONLY:-}" ]; then skp "tests/test_$t" "CLI_ONLY"; continue; fi
+    ./tests/test_$t > "$tmp/$t.log" 2>&1; rc=$?
+    line=$(grep -E "^$t: [0-9]+ passed, [0-9]+ failed" "$tmp/$t.log" | tail -1)
+    p=$(echo "$line" | awk '{ print $2 }'); f=$(echo "$line" | awk '{ print $4 }')
+    if [ -n "$line" ] && [ $rc -eq 0 ] && [ "$f" -eq 0 ]; then
+        pass=$((pass + p)); echo "PASS tests/test_$t: $p checks"
+    else   # its failure lines, then one FAIL per failed check (one for a crash)
+        grep -v -E "^$t: " "$tmp/$t.log" | tail -10
+        echo "FAIL tests/test_$t: exit $rc, ${f:-no count of} failed checks"
+        pass=$((pass + ${p:-0})) fail=$((fail + (${f:-0} > 0 ? ${f:-0} : 1)))
+    fi
+done
+end_section
+
 # 2. a bad input: exit status 1 and exactly one line on stderr that names the file/flag
 section "command-line errors"
 expect_error() {   # name keyword command...
@@ -216,7 +234,7 @@ end_section
 # 6. the fuzzers' regression inputs (every crash they found, kept), replayed through gcc builds
 #    of the same targets under ASan + UBSan
 section "fuzz regressions"
-for t in model tokenizer encode run_args quantize_args; do
+for t in model tokenizer encode run_args quantize_args json safetensors gguf; do
     dir=tests/fuzz/regressions/$t
     [ -d $dir ] && [ -n "$(ls $dir)" ] || continue
     if make -s tests/fuzz/replay_$t > "$tmp/replay.log" 2>&1 && ./tests/fuzz/replay_$t $dir/* >> "$tmp/replay.log" 2>&1; then
