@@ -20,8 +20,8 @@ SHARED_MODELS ?= ../shared/models
 # The engine: the model and its formats, the executors, the tokenizer and sampler (engine/*.c);
 # run.c and quantize.c are the programs. READERS: the formats models come in (JSON, safetensors,
 # GGUF), which quantize imports.
-ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool
 READERS    := json safetensors gguf
+ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool import $(READERS)
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
@@ -49,8 +49,9 @@ kernels.o: $(CUDA_SRC)
 ENGINE_OBJ := $(addprefix obj/,$(addsuffix .o,$(ENGINE)))
 run: obj/run.o $(ENGINE_OBJ) $(GPU_OBJ)
 	$(CC) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
-quantize: quantize.c obj/model.o engine/model.h
-	$(CC) $(CFLAGS) -o $@ quantize.c obj/model.o $(LDLIBS)
+QUANTIZE_OBJ := $(addprefix obj/,$(addsuffix .o,model util import $(READERS)))
+quantize: quantize.c $(QUANTIZE_OBJ) $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ quantize.c $(QUANTIZE_OBJ) $(LDLIBS)
 
 # Models come from ../shared/models when it exists, else from upstream (sha256-checked).
 MODEL_FILES := models/stories260K.bin models/tok512.bin tokenizer.bin
@@ -162,9 +163,10 @@ fuzz: fuzz-seeds $(addprefix tests/fuzz/fuzz_,$(FUZZ_TARGETS))
 tests/asan/run: run.c $(CPU_ENGINE_SRC) $(HEADERS)
 	@mkdir -p tests/asan
 	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ run.c $(CPU_ENGINE_SRC) $(LDLIBS)
-tests/asan/quantize: quantize.c engine/model.c $(HEADERS)
+QUANTIZE_SRC := $(patsubst obj/%.o,engine/%.c,$(QUANTIZE_OBJ))
+tests/asan/quantize: quantize.c $(QUANTIZE_SRC) $(HEADERS)
 	@mkdir -p tests/asan
-	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c engine/model.c $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c $(QUANTIZE_SRC) $(LDLIBS)
 test-asan: all tests/test_run tests/asan/run tests/asan/quantize
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
@@ -176,9 +178,9 @@ tests/test_run_vg: tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(HEADER
 tests/vg/run: run.c $(CPU_ENGINE_SRC) $(HEADERS)
 	@mkdir -p tests/vg
 	$(CC) $(CFLAGS) -O1 -g -o $@ run.c $(CPU_ENGINE_SRC) $(LDLIBS)
-tests/vg/quantize: quantize.c engine/model.c $(HEADERS)
+tests/vg/quantize: quantize.c $(QUANTIZE_SRC) $(HEADERS)
 	@mkdir -p tests/vg
-	$(CC) $(CFLAGS) -O1 -g -o $@ quantize.c engine/model.c $(LDLIBS)
+	$(CC) $(CFLAGS) -O1 -g -o $@ quantize.c $(QUANTIZE_SRC) $(LDLIBS)
 VG := valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
 test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
 	$(VG) ./tests/test_run_vg --quick models

@@ -1,7 +1,9 @@
-// quantize.c: FP32 llama2.c checkpoints -> group-wise symmetric INT8 (Q8LM, model.h), and
-// synthetic checkpoints with seeded random weights for speed work.
+// quantize.c: FP32 llama2.c checkpoints, Hugging Face directories and GGUF files -> group-wise
+// symmetric INT8 (Q8LM, model.h), and synthetic checkpoints with seeded random weights for speed
+// work.
 //
 //   quantize in.bin out.bin [-g GS]                         convert, printing the error per tensor
+//   quantize <hf-dir | model.gguf> out.bin [-g GS] [--fp32] import (Q8LM v2; --fp32: FP32 weights)
 //   quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]
 //   quantize --help                                         the usage, on stdout
 //
@@ -25,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "import.h"
 #include "model.h"
 
 // The output is written to a temporary file beside it and renamed into place only when complete,
@@ -44,7 +47,10 @@ static void die(const char *msg) {
 typedef struct {
     const char *name;            // tensor kind, for the report
     int rows, cols, gs;
-    const float *src;            // (rows, cols) or NULL: synthetic
+    const float *src;            // (rows, cols) or NULL: from, else synthetic
+    const Source *from;          // an imported model's tensor: role, layer
+    Role role;
+    int layer;
     unsigned long long seed;
     float *dst_f;                // (rows, cols)
     int8_t *dst_q;               // (rows, round_up(cols, 16))
@@ -86,16 +92,28 @@ static void normal_row(float *out, int n, unsigned long long seed, float std) {
     }
 }
 
+// A GGUF Q8_0 row into groups of 32: its own scales and values, without loss. 1 if it was one.
+static int copy_q8_0(Job *j, int r, int8_t *q, float *s) {
+    char err[ERR_LEN];
+    if (!j->from || j->gs != GGML_QK8_0) return 0;
+    int rc = source_row_q8_0(j->from, j->role, j->layer, r, s, q, err);
+    if (rc < 0) die(err);
+    return rc;
+}
+
 static void do_row(Job *j, int r, float *row, double acc[3]) {
+    char why[ERR_LEN];
     if (j->src) memcpy(row, j->src + (size_t)r * j->cols, j->cols * sizeof(float));
-    else normal_row(row, j->cols, j->seed * 0x100000001ull + r, 0.02f);
+    else if (j->from) {
+        if (source_row(j->from, j->role, j->layer, r, row, why)) die(why);
+    } else normal_row(row, j->cols, j->seed * 0x100000001ull + r, 0.02f);
     if (j->dst_f) {
         memcpy(j->dst_f + (size_t)r * j->cols, row, j->cols * sizeof(float));
         return;
     }
     int8_t *q = j->dst_q + (size_t)r * round_up(j->cols, ROW_ALIGN);
     float *s = j->dst_s + (size_t)r * ceil_div(j->cols, j->gs);
-    quantize_row(row, j->cols, j->gs, q, s);
+    if (!copy_q8_0(j, r, q, s)) quantize_row(row, j->cols, j->gs, q, s);
     for (int c = 0; c < j->cols; c++) {
         double err = fabs((double)q[c] * s[c / j->gs] - row[c]);
         acc[0] += (double)row[c] * row[c];
@@ -284,7 +302,7 @@ static void fill_floats(float *p, size_t n, float v) {
 static int q8_jobs(const Config *c, int gs, int shared, const Weights *src, unsigned char *base, const Q8Layout *L,
                    unsigned long long seed, Job *jobs) {
     int n = 0;
-    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, gs, src ? src->tok_embedding.f : NULL, seed + 1, NULL,
+    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, gs, src ? src->tok_embedding.f : NULL, NULL, 0, 0, seed + 1, NULL,
                       (int8_t *)(base + L->tok_q), (float *)(base + L->tok_s), 0, 0, 0};
     Mat *const per_layer[7] = {src ? src->wq : 0, src ? src->wk : 0, src ? src->wv : 0, src ? src->wo : 0,
                                src ? src->w1 : 0, src ? src->w2 : 0, src ? src->w3 : 0};
@@ -292,12 +310,12 @@ static int q8_jobs(const Config *c, int gs, int shared, const Weights *src, unsi
         int rows, cols;
         linear_shape(c, w, &rows, &cols);
         for (int l = 0; l < c->n_layers; l++)
-            jobs[n++] = (Job){linear_names[w], rows, cols, gs, src ? per_layer[w][l].f : NULL, seed + 2 + (unsigned long long)w * 4096 + l,
+            jobs[n++] = (Job){linear_names[w], rows, cols, gs, src ? per_layer[w][l].f : NULL, NULL, 0, 0, seed + 2 + (unsigned long long)w * 4096 + l,
                               NULL, (int8_t *)(base + L->q[w]) + (size_t)l * rows * round_up(cols, ROW_ALIGN),
                               (float *)(base + L->s[w]) + (size_t)l * rows * ceil_div(cols, gs), 0, 0, 0};
     }
     if (!shared)
-        jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, gs, src ? src->wcls.f : NULL, seed + 3, NULL,
+        jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, gs, src ? src->wcls.f : NULL, NULL, 0, 0, seed + 3, NULL,
                           (int8_t *)(base + L->cls_q), (float *)(base + L->cls_s), 0, 0, 0};
     return n;
 }
@@ -341,7 +359,7 @@ static void write_fp32_synthetic(const char *path, const Config *c, int shared, 
     float *p = (float *)(o.base + 28);
     Job jobs[10];
     int n = 0;
-    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, 0, NULL, seed + 1, p, NULL, NULL, 0, 0, 0};
+    jobs[n++] = (Job){"tok_embedding", c->vocab_size, c->dim, 0, NULL, NULL, 0, 0, seed + 1, p, NULL, NULL, 0, 0, 0};
     p += vd;
     fill_floats(p, Ld, 1.0f);   // rms_att
     p += Ld;
@@ -349,14 +367,77 @@ static void write_fp32_synthetic(const char *path, const Config *c, int shared, 
         if (w == W_1) { fill_floats(p, Ld, 1.0f); p += Ld; }   // rms_ffn
         int rows, cols;
         linear_shape(c, w, &rows, &cols);
-        jobs[n++] = (Job){linear_names[w], (int)(lin[w] / cols), cols, 0, NULL, seed + 2 + (unsigned long long)w * 4096, p, NULL, NULL, 0, 0, 0};
+        jobs[n++] = (Job){linear_names[w], (int)(lin[w] / cols), cols, 0, NULL, NULL, 0, 0, seed + 2 + (unsigned long long)w * 4096, p, NULL, NULL, 0, 0, 0};
         p += lin[w];
     }
     fill_floats(p, c->dim, 1.0f);   // rms_final
     p += c->dim;
-    if (!shared) jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, 0, NULL, seed + 3, p + (size_t)c->seq_len * (c->dim / c->n_heads), NULL, NULL, 0, 0, 0};
+    if (!shared) jobs[n++] = (Job){"wcls", c->vocab_size, c->dim, 0, NULL, NULL, 0, 0, seed + 3, p + (size_t)c->seq_len * (c->dim / c->n_heads), NULL, NULL, 0, 0, 0};
     run_jobs(jobs, n);
     close_output(&o, path);
+}
+
+// ----------------------------------------------------------------------------
+// Imports (Hugging Face, GGUF) -> Q8LM v2: matrices through the jobs, vectors here.
+
+// A vector tensor (norms, biases) of every layer into dst, (layers, n) floats.
+static void copy_vectors(const Source *src, Role r, int layers, float *dst) {
+    char err[ERR_LEN];
+    int rows, cols;
+    role_shape(&src->cfg, r, &rows, &cols);
+    for (int l = 0; l < layers; l++)
+        if (source_row(src, r, l, 0, dst + (size_t)l * cols, err)) die(err);
+}
+
+static Job import_job(const Source *src, Role r, int layer, const Q8Spec *sp, unsigned char *base, size_t q_at, size_t s_at) {
+    int rows, cols;
+    role_shape(&src->cfg, r, &rows, &cols);
+    const size_t q_layer = sp->fp32 ? (size_t)rows * cols * sizeof(float) : (size_t)rows * round_up(cols, ROW_ALIGN);
+    const size_t s_layer = sp->fp32 ? 0 : (size_t)rows * ceil_div(cols, sp->gs) * sizeof(float);
+    Job j = {.name = r == R_EMBED ? "tok_embedding" : r == R_CLS ? "wcls" : linear_names[r - R_WQ], .rows = rows, .cols = cols,
+             .gs = sp->gs, .from = src, .role = r, .layer = layer};
+    if (sp->fp32) j.dst_f = (float *)(base + q_at + layer * q_layer);
+    else j.dst_q = (int8_t *)(base + q_at + layer * q_layer), j.dst_s = (float *)(base + s_at + layer * s_layer);
+    return j;
+}
+
+// Returns the number of jobs; jobs needs room for 2 + 7 * n_layers.
+static int import_jobs(const Source *src, const Q8Spec *sp, unsigned char *base, const Q8Layout *L, Job *jobs) {
+    int n = 0;
+    jobs[n++] = import_job(src, R_EMBED, 0, sp, base, L->tok_q, L->tok_s);
+    for (int w = W_Q; w <= W_3; w++)
+        for (int l = 0; l < src->cfg.n_layers; l++) jobs[n++] = import_job(src, R_WQ + w, l, sp, base, L->q[w], L->s[w]);
+    if (!sp->shared) jobs[n++] = import_job(src, R_CLS, 0, sp, base, L->cls_q, L->cls_s);
+    return n;
+}
+
+static size_t write_import(const char *path, const Source *src, const Q8Spec *sp, Job *jobs, int *n_jobs) {
+    const Config *c = &src->cfg;
+    Q8Layout L;
+    q8_layout_spec(c, sp, &L);
+    OutFile o = create_output(path, L.total);
+    q8_header_spec(o.base, c, sp);
+    copy_vectors(src, R_NORM_ATT, c->n_layers, (float *)(o.base + L.rms_att));
+    copy_vectors(src, R_NORM_FFN, c->n_layers, (float *)(o.base + L.rms_ffn));
+    copy_vectors(src, R_NORM_FINAL, 1, (float *)(o.base + L.rms_final));
+    memcpy(o.base + L.rope, src->rope_freq, (size_t)c->head_dim / 2 * sizeof(float));
+    for (int i = 0; i < 3 && c->qkv_bias; i++) copy_vectors(src, R_BQ + i, c->n_layers, (float *)(o.base + L.bias[i]));
+    *n_jobs = import_jobs(src, sp, o.base, &L, jobs);
+    run_jobs(jobs, *n_jobs);
+    close_output(&o, path);
+    return L.total;
+}
+
+// Hugging Face directories and GGUF files are imported; anything else is a llama2.c checkpoint.
+static int is_import(const char *path) {
+    struct stat st;
+    unsigned char magic[4] = {0};
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 1;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && !memcmp(magic, "GGUF", 4);
 }
 
 // ----------------------------------------------------------------------------
@@ -439,6 +520,7 @@ typedef struct {
     const char *synthetic;    // the shape's name as given
     Config cfg;               // --synthetic: the shape
     int shared, gs, fp32, seed;
+    int gs_given;             // -g was given (else a GGUF of Q8_0 imports with its own groups of 32)
 } QuantizeArgs;
 
 #define ARGS_USAGE -2   // parse_quantize_args: not understood; the usage text on stderr, exit 1
@@ -449,7 +531,7 @@ typedef struct {
 static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err) {
     const char *pos[2] = {NULL, NULL};
     int n_pos = 0;
-    *a = (QuantizeArgs){NULL, NULL, NULL, {0}, 0, 128, 0, 1234};
+    *a = (QuantizeArgs){NULL, NULL, NULL, {0}, 0, 128, 0, 1234, 0};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -457,7 +539,7 @@ static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err
             snprintf(err, ERR_LEN, "%s: the usage was asked for", f);   // a non-zero return says why
             return ARGS_HELP;
         } else if (!strcmp(f, "--fp32")) a->fp32 = 1;
-        else if (!strcmp(f, "-g") && v) rc = parse_int(f, argv[++i], 1, 1 << 20, &a->gs, err);
+        else if (!strcmp(f, "-g") && v) rc = parse_int(f, argv[++i], 1, 1 << 20, &a->gs, err), a->gs_given = 1;
         else if (!strcmp(f, "--seed") && v) rc = parse_int(f, argv[++i], 0, 1 << 30, &a->seed, err);
         else if (!strcmp(f, "--synthetic") && v) a->synthetic = argv[++i];
         else if (f[0] == '-' || n_pos == 2) {
@@ -481,9 +563,12 @@ static int parse_quantize_args(int argc, char **argv, QuantizeArgs *a, char *err
 #ifndef QUANTIZE_NO_MAIN
 static void print_usage(FILE *to) {
     fprintf(to, "Usage: quantize in.bin out.bin [-g GS]\n"
+                "       quantize <hugging-face-dir | model.gguf> out.bin [-g GS] [--fp32]\n"
                 "       quantize --synthetic NAME out.bin [--fp32] [-g GS] [--seed S]\n"
                 "       quantize --help\n"
-                "  GS: group size along the input dimension (default 128)\n"
+                "  GS: group size along the input dimension (default 128; a GGUF whose weights are all Q8_0:\n"
+                "      32, its own groups and scales, without loss)\n"
+                "  --fp32: the imported model with FP32 weights (the unquantized reference)\n"
                 "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n"
                 "  out.bin is replaced only when complete, and only if it is a regular file or missing and not\n"
                 "  in.bin; a symbolic link is written through to its target\n");
@@ -505,6 +590,37 @@ static int write_synthetic(const QuantizeArgs *a, const char *target) {
     return 0;
 }
 
+// Is every linear weight (and the embedding) of this GGUF stored as Q8_0?
+static int all_q8_0(const Source *src) {
+    if (!src->is_gguf) return 0;
+    for (Role r = R_EMBED; r <= R_CLS; r++) {
+        if (r >= R_NORM_ATT && r <= R_NORM_FINAL) continue;
+        if (r == R_CLS && src->shared_classifier) continue;
+        for (int l = 0; l < (r >= R_WQ && r <= R_W3 ? src->cfg.n_layers : 1); l++)
+            if (!source_is_q8_0(src, r, l)) return 0;
+    }
+    return 1;
+}
+
+static int import(const QuantizeArgs *a, const char *target) {
+    char err[ERR_LEN];
+    Source src;
+    if (source_open(&src, a->in, err)) die(err);
+    Q8Spec sp = {.version = 2, .gs = a->gs, .fp32 = a->fp32, .shared = src.shared_classifier,
+                 .bos_id = -1, .eos_id = -1, .eot_id = -1, .add_bos = 0, .chat_template = 0};
+    if (!a->gs_given && !a->fp32 && all_q8_0(&src)) sp.gs = GGML_QK8_0;
+    Job *jobs = calloc(2 + 7 * (size_t)src.cfg.n_layers, sizeof(Job));
+    int n_jobs;
+    if (!jobs) die("out of memory");
+    size_t out_bytes = write_import(target, &src, &sp, jobs, &n_jobs);
+    printf("%s (%s) -> %s (Q8LM v2, %s)\n", a->in, src.is_gguf ? "GGUF" : "Hugging Face", a->out,
+           sp.fp32 ? "FP32" : sp.gs == GGML_QK8_0 && all_q8_0(&src) ? "INT8, Q8_0's groups of 32 kept" : "INT8");
+    if (!sp.fp32) report(jobs, n_jobs, source_bytes(&src), out_bytes);
+    free(jobs);
+    source_close(&src);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     QuantizeArgs a;
     char err[ERR_LEN], target[PATH_MAX];
@@ -522,6 +638,8 @@ int main(int argc, char **argv) {
     // over a file-size limit, writes fail with EFBIG (reported) instead of killing the process
     signal(SIGXFSZ, SIG_IGN);
     if (a.synthetic) return write_synthetic(&a, target);
+    if (is_import(a.in)) return import(&a, target);
+    if (a.fp32) die("--fp32 applies to --synthetic and to Hugging Face and GGUF inputs");
     Model m;
     if (load_model(a.in, &m, err)) die(err);
     if (m.quantized) {

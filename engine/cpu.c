@@ -246,6 +246,7 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     CpuState *c = e->priv = xcalloc(1, sizeof(CpuState));
     c->tiles = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
     c->rope_freq = xcalloc((size_t)e->cfg.head_dim / 2, sizeof(float));
-    rope_frequencies(&e->cfg, c->rope_freq);
+    if (m->w.rope_freq) memcpy(c->rope_freq, m->w.rope_freq, (size_t)e->cfg.head_dim / 2 * sizeof(float));
+    else rope_frequencies(&e->cfg, c->rope_freq);
 }
 

@@ -361,8 +361,9 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
 // activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
 // What the GPU kernels do not compute yet: they hold llama2.c's RoPE base, norm epsilon and
 // head size (dim / n_heads), and add no biases. Such a model runs on the CPU.
-static int gpu_supports(const Config *p, char *why) {
-    const char *lacks = p->qkv_bias                           ? "q/k/v biases"
+static int gpu_supports(const Model *m, const Config *p, char *why) {
+    const char *lacks = m->w.rope_freq                        ? "RoPE frequencies given by the file"
+                        : p->qkv_bias                           ? "q/k/v biases"
                         : p->rope_scaling.type != ROPE_PLAIN  ? "RoPE frequency scaling"
                         : p->rope_theta != 10000.0f           ? "a RoPE base other than 10000"
                         : p->norm_eps != 1e-5f                ? "an RMSNorm epsilon other than 1e-5"
@@ -375,7 +376,7 @@ static int gpu_supports(const Config *p, char *why) {
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     const Config cfg = exec_config(m, opt.context), *p = &cfg;
     int head_size = p->head_dim, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
-    if (!gpu_supports(p, why)) return GPU_UNAVAILABLE;
+    if (!gpu_supports(m, p, why)) return GPU_UNAVAILABLE;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
     if (head_size > gpu_attention_max_head_size()) {
         snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());

@@ -21,7 +21,7 @@ const char *format_name(int format) {
     case FMT_V0: return "llama2.c v0 FP32";
     case FMT_V1: return "llama2.c v1 FP32";
     case FMT_V2: return "llama2.c v2 INT8";
-    case FMT_Q8LM: return "Q8LM INT8";
+    case FMT_Q8LM: return "Q8LM";
     }
     return "unknown";
 }
@@ -123,35 +123,67 @@ static size_t section(size_t *end, size_t bytes) {
     return at;
 }
 
-// Appends the q and s sections of `layers` stacked (rows, cols) INT8 matrices.
-static void q8_sections(size_t *end, int layers, int rows, int cols, int gs, size_t *q, size_t *s) {
+// Appends the sections of `layers` stacked (rows, cols) matrices: INT8 q and s, or FP32 at q.
+static void mat_sections(size_t *end, int layers, int rows, int cols, const Q8Spec *sp, size_t *q, size_t *s) {
+    if (sp->fp32) {
+        *q = section(end, (size_t)layers * rows * cols * sizeof(float));
+        *s = 0;
+        return;
+    }
     *q = section(end, (size_t)layers * rows * round_up(cols, ROW_ALIGN));
-    *s = section(end, (size_t)layers * rows * ceil_div(cols, gs) * sizeof(float));
+    *s = section(end, (size_t)layers * rows * ceil_div(cols, sp->gs) * sizeof(float));
 }
 
-void q8_layout(const Config *c, int gs, int shared, Q8Layout *L) {
+void q8_layout_spec(const Config *c, const Q8Spec *sp, Q8Layout *L) {
     size_t end = HEADER_BYTES, dim_floats = (size_t)c->n_layers * c->dim * sizeof(float);
     memset(L, 0, sizeof *L);
-    q8_sections(&end, 1, c->vocab_size, c->dim, gs, &L->tok_q, &L->tok_s);
+    mat_sections(&end, 1, c->vocab_size, c->dim, sp, &L->tok_q, &L->tok_s);
     L->rms_att = section(&end, dim_floats);
     L->rms_ffn = section(&end, dim_floats);
     L->rms_final = section(&end, (size_t)c->dim * sizeof(float));
     for (int w = W_Q; w <= W_3; w++) {
         int rows, cols;
         linear_shape(c, w, &rows, &cols);
-        q8_sections(&end, c->n_layers, rows, cols, gs, &L->q[w], &L->s[w]);
+        mat_sections(&end, c->n_layers, rows, cols, sp, &L->q[w], &L->s[w]);
     }
-    if (!shared) q8_sections(&end, 1, c->vocab_size, c->dim, gs, &L->cls_q, &L->cls_s);
+    if (!sp->shared) mat_sections(&end, 1, c->vocab_size, c->dim, sp, &L->cls_q, &L->cls_s);
+    if (sp->version >= 2) {
+        L->rope = section(&end, (size_t)c->head_dim / 2 * sizeof(float));
+        for (int i = 0; i < 3 && c->qkv_bias; i++)
+            L->bias[i] = section(&end, (size_t)c->n_layers * (i == 0 ? q_dim_of(c) : kv_width_of(c)) * sizeof(float));
+        L->tokenizer = section(&end, sp->tokenizer_bytes);
+    }
     L->total = align_up(end, SECTION_ALIGN);
 }
 
-void q8_header(unsigned char hdr[HEADER_BYTES], const Config *c, int gs, int shared) {
-    int32_t fields[] = {Q8LM_VERSION, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
-                        c->vocab_size, c->seq_len, gs, shared, ROW_ALIGN};
+void q8_layout(const Config *c, int gs, int shared, Q8Layout *L) {
+    const Q8Spec v1 = {.version = 1, .gs = gs, .shared = shared};
+    q8_layout_spec(c, &v1, L);
+}
+
+// Header: magic, then int32 fields: version, the 7 of Config, gs, shared, row_align; version 2
+// adds head_dim, fp32, qkv_bias, rope_theta (f32), norm_eps (f32), bos, eos, eot, add_bos,
+// chat_template, then tokenizer_bytes (u64) at V2_TOKENIZER_AT.
+#define V2_TOKENIZER_AT 96
+void q8_header_spec(unsigned char hdr[HEADER_BYTES], const Config *c, const Q8Spec *sp) {
+    int32_t fields[] = {sp->version, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                        c->vocab_size, c->seq_len, sp->gs, sp->shared, ROW_ALIGN};
     uint32_t magic = Q8LM_MAGIC;
     memset(hdr, 0, HEADER_BYTES);
     memcpy(hdr, &magic, 4);
     memcpy(hdr + 4, fields, sizeof fields);
+    if (sp->version < 2) return;
+    int32_t v2[] = {c->head_dim, sp->fp32, c->qkv_bias, 0, 0, sp->bos_id, sp->eos_id, sp->eot_id, sp->add_bos, sp->chat_template};
+    memcpy(&v2[3], &c->rope_theta, 4);
+    memcpy(&v2[4], &c->norm_eps, 4);
+    memcpy(hdr + 48, v2, sizeof v2);
+    const uint64_t tok = sp->tokenizer_bytes;
+    memcpy(hdr + V2_TOKENIZER_AT, &tok, 8);
+}
+
+void q8_header(unsigned char hdr[HEADER_BYTES], const Config *c, int gs, int shared) {
+    const Q8Spec v1 = {.version = 1, .gs = gs, .shared = shared};
+    q8_header_spec(hdr, c, &v1);
 }
 
 // ----------------------------------------------------------------------------
@@ -375,43 +407,81 @@ static int load_v2(Src *f, Model *m) {
     return 0;
 }
 
-static int load_q8lm(Src *f, Model *m) {
+// Version 2's header fields into the config and spec; 0 or -1.
+static int read_v2_header(Src *f, Model *m, Q8Spec *sp) {
+    const unsigned char *h = f->base;
     Config *c = &m->cfg;
-    int version = read_i32(f->base + 4), shared = read_i32(f->base + 40), row_align = read_i32(f->base + 44);
-    m->gs = read_i32(f->base + 36);
-    m->quantized = 1;
-    if (version != Q8LM_VERSION) {
-        char msg[ERR_LEN];
-        snprintf(msg, sizeof msg, "header field version = %d, this engine reads Q8LM version %d", version, Q8LM_VERSION);
-        return fail(f, msg);
-    }
-    if (check_config(f, c)) return -1;
-    if (m->gs < 1 || m->gs > (1 << 20)) return fail(f, "header field group_size is not in [1, 2^20]");
-    if (shared != 0 && shared != 1) return fail(f, "header field shared_classifier is not 0 or 1");
-    if (row_align != ROW_ALIGN) return fail(f, "header field row_align is not 16");
-    m->shared_classifier = shared;
-    Q8Layout L;
-    q8_layout(c, m->gs, shared, &L);
-    if (check_size(f, L.total, "Q8LM layout")) return -1;
-    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
-    const unsigned char *b = f->base;
-    m->w.tok_embedding = q8_mat((const int8_t *)(b + L.tok_q), (const float *)(b + L.tok_s), c->vocab_size, c->dim, m->gs);
-    m->w.rms_att = (const float *)(b + L.rms_att);
-    m->w.rms_ffn = (const float *)(b + L.rms_ffn);
-    m->w.rms_final = (const float *)(b + L.rms_final);
+    c->head_dim = read_i32(h + 48);
+    sp->fp32 = read_i32(h + 52);
+    c->qkv_bias = read_i32(h + 56);
+    memcpy(&c->rope_theta, h + 60, 4);
+    memcpy(&c->norm_eps, h + 64, 4);
+    int *ids[5] = {&m->bos_id, &m->eos_id, &m->eot_id, &m->add_bos, &m->chat_template};
+    for (int i = 0; i < 5; i++) *ids[i] = read_i32(h + 68 + 4 * i);
+    uint64_t tok;
+    memcpy(&tok, h + V2_TOKENIZER_AT, 8);
+    if (sp->fp32 != 0 && sp->fp32 != 1) return fail(f, "header field fp32 is not 0 or 1");
+    if (c->head_dim < 1) return fail(f, "header field head_dim is not positive");
+    for (int i = 0; i < 3; i++)
+        if (*ids[i] < -1 || *ids[i] >= c->vocab_size) return fail(f, "header field bos/eos/eot id is outside the vocabulary");
+    if (tok > f->bytes) return fail(f, "header field tokenizer_bytes is larger than the file");
+    sp->tokenizer_bytes = (size_t)tok;
+    sp->bos_id = m->bos_id, sp->eos_id = m->eos_id, sp->eot_id = m->eot_id, sp->add_bos = m->add_bos, sp->chat_template = m->chat_template;
+    return 0;
+}
+
+// A matrix of a Q8LM file: INT8 (q at q_at, scales at s_at) or FP32 (at q_at).
+static Mat q8lm_mat(const unsigned char *b, size_t q_at, size_t s_at, int rows, int cols, const Q8Spec *sp) {
+    if (sp->fp32) return fp32_mat((const float *)(b + q_at), rows, cols);
+    return q8_mat((const int8_t *)(b + q_at), (const float *)(b + s_at), rows, cols, sp->gs);
+}
+
+static void point_q8lm(Model *m, const Q8Layout *L, const Q8Spec *sp) {
+    const Config *c = &m->cfg;
+    const unsigned char *b = m->map;
+    m->w.tok_embedding = q8lm_mat(b, L->tok_q, L->tok_s, c->vocab_size, c->dim, sp);
+    m->w.rms_att = (const float *)(b + L->rms_att);
+    m->w.rms_ffn = (const float *)(b + L->rms_ffn);
+    m->w.rms_final = (const float *)(b + L->rms_final);
     Mat *dst[7] = {m->w.wq, m->w.wk, m->w.wv, m->w.wo, m->w.w1, m->w.w2, m->w.w3};
     for (int w = 0; w < 7; w++) {
         int rows, cols;
         linear_shape(c, w, &rows, &cols);
-        Mat one = q8_mat(NULL, NULL, rows, cols, m->gs);
-        for (int l = 0; l < c->n_layers; l++) {
-            dst[w][l] = one;
-            dst[w][l].q = (const int8_t *)(b + L.q[w]) + (size_t)l * rows * one.stride;
-            dst[w][l].s = (const float *)(b + L.s[w]) + (size_t)l * rows * one.groups;
-        }
+        const Mat one = q8lm_mat(b, 0, 0, rows, cols, sp);
+        const size_t q_layer = sp->fp32 ? (size_t)rows * cols * sizeof(float) : (size_t)rows * one.stride;
+        for (int l = 0; l < c->n_layers; l++)
+            dst[w][l] = q8lm_mat(b, L->q[w] + l * q_layer, L->s[w] + l * (size_t)rows * one.groups * sizeof(float), rows, cols, sp);
     }
-    m->w.wcls = shared ? m->w.tok_embedding
-                       : q8_mat((const int8_t *)(b + L.cls_q), (const float *)(b + L.cls_s), c->vocab_size, c->dim, m->gs);
+    m->w.wcls = sp->shared ? m->w.tok_embedding : q8lm_mat(b, L->cls_q, L->cls_s, c->vocab_size, c->dim, sp);
+    if (sp->version < 2) return;
+    m->w.rope_freq = (const float *)(b + L->rope);
+    if (c->qkv_bias)
+        m->w.bq = (const float *)(b + L->bias[0]), m->w.bk = (const float *)(b + L->bias[1]), m->w.bv = (const float *)(b + L->bias[2]);
+    m->tokenizer = sp->tokenizer_bytes ? b + L->tokenizer : NULL;
+    m->tokenizer_bytes = sp->tokenizer_bytes;
+}
+
+static int load_q8lm(Src *f, Model *m) {
+    Config *c = &m->cfg;
+    Q8Spec sp = {.version = read_i32(f->base + 4), .gs = read_i32(f->base + 36), .shared = read_i32(f->base + 40)};
+    int row_align = read_i32(f->base + 44);
+    m->bos_id = BOS, m->eos_id = -1, m->eot_id = -1, m->add_bos = 1, m->chat_template = 0;   // llama2.c's conventions
+    if (sp.version != 1 && sp.version != 2) {
+        char msg[ERR_LEN];
+        snprintf(msg, sizeof msg, "header field version = %d, this engine reads Q8LM versions 1 and 2", sp.version);
+        return fail(f, msg);
+    }
+    if (sp.version == 2 && read_v2_header(f, m, &sp)) return -1;
+    if (check_config(f, c)) return -1;
+    if (!sp.fp32 && (sp.gs < 1 || sp.gs > (1 << 20))) return fail(f, "header field group_size is not in [1, 2^20]");
+    if (sp.shared != 0 && sp.shared != 1) return fail(f, "header field shared_classifier is not 0 or 1");
+    if (row_align != ROW_ALIGN) return fail(f, "header field row_align is not 16");
+    m->version = sp.version, m->shared_classifier = sp.shared, m->quantized = !sp.fp32, m->gs = sp.fp32 ? 0 : sp.gs;
+    Q8Layout L;
+    q8_layout_spec(c, &sp, &L);
+    if (check_size(f, L.total, "Q8LM layout")) return -1;
+    if (alloc_layer_mats(&m->w, m->cfg.n_layers)) return fail(f, "out of memory");
+    point_q8lm(m, &L, &sp);
     return 0;
 }
 

@@ -8,6 +8,9 @@
 //   llama2.c v2 "ak42"  INT8 (export.py): groups over the flattened tensor; read only where
 //                       every row length is a multiple of the group size (then it is per-row)
 //   Q8LM v1             INT8, this project's own format (README.md, "File format")
+//   Q8LM v2             v1 + head_dim, RoPE frequencies, norm epsilon, q/k/v biases, special
+//                       tokens, the tokenizer; INT8 or FP32 weights (imports of Hugging Face
+//                       and GGUF models)
 #ifndef MODEL_H
 #define MODEL_H
 
@@ -16,7 +19,7 @@
 
 #define LLAMA2C_MAGIC 0x616b3432u   // "ak42" as llama2.c's export.py writes it
 #define Q8LM_MAGIC    0x4d4c3851u   // "Q8LM" in file byte order
-#define Q8LM_VERSION  1
+#define Q8LM_VERSION  2             // the newest this engine writes and reads (and 1)
 #define HEADER_BYTES  256           // v1, v2 and Q8LM headers are all padded to this
 #define ROW_ALIGN     16            // INT8 rows are padded to a multiple of 16 bytes: 16-byte GPU loads
 #define SECTION_ALIGN 64            // every tensor section of a Q8LM file starts 64-byte aligned
@@ -79,6 +82,8 @@ typedef struct {
     Mat *w1, *w2, *w3;                  // per layer: (hidden, dim), (dim, hidden), (hidden, dim)
     Mat wcls;                           // (vocab, dim); the embedding's storage when shared
     const float *bq, *bk, *bv;          // (layer, q_dim), (layer, kv_dim), (layer, kv_dim): biases, or NULL
+    const float *rope_freq;             // (head_dim / 2) RoPE frequencies as the file gives them, or NULL:
+                                        // rope_frequencies(cfg)
     const float *rms_att, *rms_ffn;     // (layer, dim)
     const float *rms_final;             // (dim)
 } Weights;
@@ -94,6 +99,11 @@ typedef struct {
     size_t map_bytes;
     void *owned;            // weights the loader repacked (llama2.c v2), or NULL
     size_t owned_bytes;
+    int version;            // Q8LM: 1 or 2
+    // Q8LM v2: the tokenizer and special tokens (-1: none)
+    const unsigned char *tokenizer;   // tokenizer_bytes of the tokenizer section (tokenizer.h), or NULL
+    size_t tokenizer_bytes;
+    int bos_id, eos_id, eot_id, add_bos, chat_template;
 } Model;
 
 // Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err.
@@ -102,14 +112,30 @@ void free_model(Model *m);
 int  validate_config(const Config *c, char *why);   // 0 if sane, else reason in why
 const char *format_name(int format);
 
+// What a Q8LM file holds beyond its Config: the writer's choices, and version 2's extras.
+typedef struct {
+    int version;              // 1 or 2
+    int gs;                   // INT8 group size
+    int fp32;                 // v2: FP32 weights (quantize --fp32) instead of INT8
+    int shared;               // the classifier is the embedding
+    size_t tokenizer_bytes;   // v2: the tokenizer section's size (0: none)
+    int bos_id, eos_id, eot_id, add_bos, chat_template;   // v2: -1 where the model has none
+} Q8Spec;
+
 // Q8LM layout: where each section lies in a file for this config. Writer and reader share it.
+// With FP32 weights (v2) each matrix is one (rows, cols) float section at *_q, *_s unused.
 typedef struct {
     size_t tok_q, tok_s;                  // embedding
     size_t rms_att, rms_ffn, rms_final;
     size_t q[7], s[7];                    // wq wk wv wo w1 w2 w3: (layer, rows, stride), (layer, rows, groups)
     size_t cls_q, cls_s;                  // unshared classifier
+    size_t rope;                          // v2: (head_dim / 2) RoPE frequencies
+    size_t bias[3];                       // v2, qkv_bias: (layer, q_dim), (layer, kv_dim), (layer, kv_dim)
+    size_t tokenizer;                     // v2: tokenizer_bytes
     size_t total;                         // file size
 } Q8Layout;
+void q8_layout_spec(const Config *c, const Q8Spec *spec, Q8Layout *L);
+void q8_header_spec(unsigned char hdr[HEADER_BYTES], const Config *c, const Q8Spec *spec);
 enum { W_Q, W_K, W_V, W_O, W_1, W_2, W_3 };
 void q8_layout(const Config *c, int gs, int shared, Q8Layout *L);
 void linear_shape(const Config *c, int which, int *rows, int *cols);   // which: W_Q..W_3

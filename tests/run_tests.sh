@@ -91,6 +91,26 @@ expect_error "quantize: truncated input" "truncated" $QUANTIZE "$tmp/trunc.bin" 
 expect_error "quantize: group size 0" "-g" $QUANTIZE $M "$tmp/x.bin" -g 0
 expect_error "quantize: bad synthetic shape" "synthetic" $QUANTIZE --synthetic 64,1,1 "$tmp/x.bin"
 expect_error "quantize: impossible synthetic shape" "n_heads" $QUANTIZE --synthetic 64,100,1,5,5,100,16 "$tmp/x.bin"
+# imports: a Hugging Face directory or a GGUF file that is wrong in one way each
+hf_variant() {   # name sed-expression: a copy of the mistral fixture with config.json edited
+    rm -rf "$tmp/$1"; cp -r tests/fixtures/hf/mistral "$tmp/$1"
+    sed "$2" tests/fixtures/hf/mistral/config.json > "$tmp/$1/config.json"
+}
+hf_variant arch 's/MistralForCausalLM/GPT2LMHeadModel/'
+expect_error "quantize: unsupported architecture" "architectures" $QUANTIZE "$tmp/arch" "$tmp/x.bin"
+hf_variant dims 's/"hidden_size": 64/"hidden_size": 96/'
+expect_error "quantize: a shape that disagrees with config.json" "disagrees" $QUANTIZE "$tmp/dims" "$tmp/x.bin"
+hf_variant window 's/"sliding_window": null/"sliding_window": 16/'
+expect_error "quantize: sliding window shorter than the context" "sliding_window" $QUANTIZE "$tmp/window" "$tmp/x.bin"
+hf_variant deep 's/"vocab_size"/"deep": '"$(awk 'BEGIN { for (i = 0; i < 300; i++) printf "["; for (i = 0; i < 300; i++) printf "]" }')"', "vocab_size"/'
+expect_error "quantize: config.json nested 300 deep" "config.json" $QUANTIZE "$tmp/deep" "$tmp/x.bin"
+hf_variant shard 's/x/x/'; rm "$tmp/shard"/model-00002-of-00003.safetensors
+expect_error "quantize: a shard missing" "model-00002-of-00003" $QUANTIZE "$tmp/shard" "$tmp/x.bin"
+hf_variant trunc 's/x/x/'; head -c 100000 tests/fixtures/hf/mistral/model-00001-of-00003.safetensors > "$tmp/trunc/model-00001-of-00003.safetensors"
+expect_error "quantize: a truncated shard" "model-00001-of-00003" $QUANTIZE "$tmp/trunc" "$tmp/x.bin"
+head -c 200000 tests/fixtures/gguf/llama_basic.f32.gguf > "$tmp/trunc.gguf"
+expect_error "quantize: a truncated GGUF" "trunc.gguf" $QUANTIZE "$tmp/trunc.gguf" "$tmp/x.bin"
+expect_error "quantize: --fp32 of a llama2.c checkpoint" "--fp32" $QUANTIZE $M "$tmp/x.bin" --fp32
 # --help: the usage on stdout, nothing on stderr, exit 0 (an error's usage goes to stderr, exit 1)
 expect_usage() {   # name command...
     name=$1; shift

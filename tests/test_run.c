@@ -785,7 +785,7 @@ static void test_loaders(void) {
     truncations("v0", b0, n0), truncations("v1", b1, n1), truncations("v2", b2, n2), truncations("Q8LM", bq, nq);
     bad_dims("v0", b0, n0, 0), bad_dims("v1", b1, n1, 8), bad_dims("v2", b2, n2, 8), bad_dims("Q8LM", bq, nq, 8);
     mutate_i32("v1 with version 3 is refused", b1, n1, 4, 3, "version");
-    mutate_i32("Q8LM with version 2 is refused", bq, nq, 4, 2, "version");
+    mutate_i32("Q8LM with version 3 is refused", bq, nq, 4, 3, "version");
     mutate_i32("Q8LM with group_size 0 is refused", bq, nq, 36, 0, "group_size");
     mutate_i32("Q8LM with group_size -8 is refused", bq, nq, 36, -8, "group_size");
     mutate_i32("Q8LM with a different group_size than its data is refused", bq, nq, 36, 32, "header implies");
@@ -1039,6 +1039,101 @@ static void test_synthetic(void) {
         free_model(&m);
     }
     sh("rm -f %s %s %s %s", a, b, c, f);
+}
+
+// ----------------------------------------------------------------------------
+// Imports: tiny random models saved by transformers (and converted by llama.cpp's converter),
+// quantize'd into Q8LM v2, against the logits transformers computed in float32
+// (tests/fixtures/make_fixtures.py).
+
+// `key N v1 .. vN` of a fixture's ref.txt into out (room for max); the count, or -1.
+static int ref_ints(const char *ref_txt, const char *key, int *out, int max) {
+    size_t n;
+    const char *text = (const char *)slurp(ref_txt, &n);
+    if (!text) return -1;
+    size_t klen = strlen(key);
+    for (const char *line = text; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (strncmp(line, key, klen) || line[klen] != ' ') continue;
+        char *end;
+        long count = strtol(line + klen, &end, 10);
+        if (count < 1 || count > max) return -1;
+        for (long i = 0; i < count; i++) out[i] = (int)strtol(end, &end, 10);
+        return (int)count;
+    }
+    return -1;
+}
+
+// The CPU logits of every position of ids, one token at a time after a prefill of 5.
+static float *cpu_logits_of(const Model *m, const int *ids, int n) {
+    Exec e;
+    cpu_exec_init(&e, m, 1, 0);
+    float *got = exec_logits(&e, ids, n, n < 5 ? n : 5);
+    e.ops->release(&e);
+    return got;
+}
+
+static double rel_l2_f(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return sqrt(num / den);
+}
+
+// quantize <input> [flags] into a temporary Q8LM v2, then its logits against refs/logits.f32.
+static void test_import(const char *input, const char *refs, const char *flags, double tol, const char *label) {
+    char name[256], ref_txt[512], ref_bin[512];
+    snprintf(name, sizeof name, "import %s %s: cpu logits vs transformers float32", label, flags[0] ? flags : "(INT8)");
+    snprintf(ref_txt, sizeof ref_txt, "%s/ref.txt", refs);
+    snprintf(ref_bin, sizeof ref_bin, "%s/logits.f32", refs);
+    if (!file_exists(input) || !file_exists(ref_bin)) return skip(name, "fixture missing");
+    char *out = tpath("import.bin"), err[ERR_LEN];
+    if (sh("./quantize %s %s %s > %s 2>&1", input, out, flags, tpath("import.log"))) {
+        size_t n;
+        const char *log = (const char *)slurp(tpath("import.log"), &n);
+        return check(0, name, "quantize failed: %.300s", log ? log : "");
+    }
+    Model m;
+    if (load_model(out, &m, err)) return check(0, name, "%s", err);
+    int ids[64], n_ids = ref_ints(ref_txt, "input_ids", ids, 64);
+    size_t ref_bytes;
+    const float *ref = (const float *)slurp(ref_bin, &ref_bytes);
+    const size_t V = (size_t)m.cfg.vocab_size;
+    if (n_ids < 1 || !ref || ref_bytes != (size_t)n_ids * V * sizeof(float)) {
+        free_model(&m);
+        return check(0, name, "reference unreadable or of another size (%d ids, %zu bytes, vocab %zu)", n_ids, ref_bytes, V);
+    }
+    const float *got = cpu_logits_of(&m, ids, n_ids);
+    const double err_l2 = rel_l2_f(got, ref, (size_t)n_ids * V);
+    check(err_l2 <= tol, name, "relative L2 %.3e > %.1e", err_l2, tol);
+    free_model(&m);
+}
+
+static void test_imports(void) {
+    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16"};
+    char dir[256], refs[300];
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/hf/%s", hf[i]);
+        snprintf(refs, sizeof refs, "%s/refs", dir);
+        test_import(dir, refs, "--fp32", 1e-4, hf[i]);
+        // INT8: these random models turn the weights' ~0.5% rounding into several % of their small
+        // logits; what INT8 does to real models is measured by perplexity (tests/run_tests.sh)
+        test_import(dir, refs, "", 5e-2, hf[i]);
+    }
+    // transformers 4's form of the same config (rope_theta and rope_scaling, not rope_parameters)
+    const char *legacy = tpath("legacy");
+    if (!sh("mkdir -p %s && cp tests/fixtures/hf/llama3_scaled/config.legacy.json %s/config.json && "
+            "cp tests/fixtures/hf/llama3_scaled/model.safetensors %s/", legacy, legacy, legacy))
+        test_import(legacy, "tests/fixtures/hf/llama3_scaled/refs", "--fp32", 1e-4, "llama3_scaled, config.json of transformers 4");
+    sh("rm -rf %s", legacy);
+    static const char *const gguf[] = {"llama_basic.f32", "llama_basic.q8_0", "llama3_scaled.q8_0", "qwen2.f16"};
+    for (size_t i = 0; i < sizeof gguf / sizeof gguf[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/gguf/%s.gguf", gguf[i]);
+        snprintf(refs, sizeof refs, "tests/fixtures/gguf/%s.refs", gguf[i]);
+        if (!strcmp(gguf[i], "llama_basic.f32")) snprintf(refs, sizeof refs, "tests/fixtures/hf/llama_basic/refs");   // bit-identical
+        test_import(dir, refs, "--fp32", 1e-4, gguf[i]);
+        // INT8: Q8_0 keeps its own groups and scales, so it computes what the reference computes
+        test_import(dir, refs, "", strstr(gguf[i], "q8_0") ? 1e-4 : 5e-2, gguf[i]);
+    }
+    arena_free();
 }
 
 // ----------------------------------------------------------------------------
@@ -1474,11 +1569,6 @@ static void random_model_files(Config c, int shared, int gs, int v2_gs, char *fp
     arena_free();
 }
 
-static double rel_l2_f(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return sqrt(num / den);
-}
 
 // The GPU configurations compared with the CPU. Tolerances on the logits' relative L2 error:
 // 1e-4 where only FP32 summation order differs; FP16 KV cache: K and V rounded to FP16 (unit
@@ -1821,6 +1911,7 @@ int main(int argc, char **argv) {
         run_group("loaders, synthetic checkpoints", test_files);
         run_group("tokenizers", test_tokenizers);
         run_group("greedy agreement int8 vs fp32", test_agreement);
+        run_group("imports: Hugging Face and GGUF", test_imports);
     }
     test_gpu();
     sh("rm -rf %s", tmpdir);
