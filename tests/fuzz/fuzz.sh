@@ -14,7 +14,8 @@ for t in "$@"; do
     [ -f tests/fuzz/$t.dict ] && dict=-dict=tests/fuzz/$t.dict
     mkdir -p tests/fuzz/corpus/$t
     seeds=""   # the readers' fixtures seed their corpora
-    case $t in json) seeds=tests/data/json ;; safetensors) seeds=tests/data/safetensors/fuzz ;; gguf) seeds=tests/data/gguf ;; esac
+    case $t in json) seeds=tests/data/json ;; safetensors) seeds=tests/data/safetensors/fuzz ;; gguf) seeds=tests/data/gguf ;;
+        bpe_json) seeds=tests/data/bpe; dict=-dict=tests/fuzz/bpe_json.dict ;; esac
     max_len=65536; [ "$t" = encode ] && max_len=1024   # encode is quadratic in the text: keep runs fast
     ./tests/fuzz/fuzz_$t -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -max_len=$max_len $dict \
         -artifact_prefix=tests/fuzz/crashes/$t- -print_final_stats=1 tests/fuzz/corpus/$t $seeds > "$log" 2>&1
