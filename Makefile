@@ -21,7 +21,8 @@ SHARED_MODELS ?= ../shared/models
 # run.c and quantize.c are the programs. READERS: the formats models come in (JSON, safetensors,
 # GGUF), which quantize imports.
 READERS    := json safetensors gguf
-ENGINE     := model util forward cpu vec gpu dispatch tokenizer sampler pool import $(READERS) bpe tokenizer_json unicode
+TOKENIZERS := tokenizer bpe tokenizer_json unicode tokfile text
+ENGINE     := model util forward cpu vec gpu dispatch sampler pool import $(READERS) $(TOKENIZERS)
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h
@@ -49,7 +50,7 @@ kernels.o: $(CUDA_SRC)
 ENGINE_OBJ := $(addprefix obj/,$(addsuffix .o,$(ENGINE)))
 run: obj/run.o $(ENGINE_OBJ) $(GPU_OBJ)
 	$(CC) -o $@ $^ $(GPU_LIBS) $(LDLIBS)
-QUANTIZE_OBJ := $(addprefix obj/,$(addsuffix .o,model util import $(READERS)))
+QUANTIZE_OBJ := $(addprefix obj/,$(addsuffix .o,model util import $(READERS) $(TOKENIZERS)))
 quantize: quantize.c $(QUANTIZE_OBJ) $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ quantize.c $(QUANTIZE_OBJ) $(LDLIBS)
 
@@ -110,7 +111,7 @@ tests/test_json: tests/test_json.c $(READER_SRC) $(HEADERS)
 	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_json.c $(READER_SRC) $(LDLIBS)
 tests/test_gguf: tests/test_gguf.c $(READER_SRC) $(HEADERS)
 	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_gguf.c $(READER_SRC) $(LDLIBS)
-BPE_SRC := $(addprefix engine/,bpe.c tokenizer_json.c unicode.c json.c util.c tokenizer.c)
+BPE_SRC := $(addprefix engine/,bpe.c tokenizer_json.c unicode.c json.c util.c tokenizer.c tokfile.c import.c safetensors.c gguf.c model.c)
 tests/test_bpe: tests/test_bpe.c $(BPE_SRC) $(HEADERS) engine/unicode_tables.h
 	$(CC) $(CFLAGS) -O1 -g $(SAN) -o $@ tests/test_bpe.c $(BPE_SRC) $(LDLIBS)
 READER_TESTS := tests/test_json tests/test_gguf tests/test_bpe
@@ -148,7 +149,7 @@ clean:
 # found is kept and which the normal test run replays (tests/run_tests.sh).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := model tokenizer encode run_args quantize_args $(READERS) bpe_json bpe_encode
+FUZZ_TARGETS := model tokenizer encode run_args quantize_args $(READERS) bpe_json bpe_encode tokfile
 FUZZ_FLAGS   := -g -O1 -std=gnu11 -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
 # The CPU-only engine (no HAVE_GPU): what the fuzz targets and the valgrind builds link.
@@ -169,6 +170,12 @@ tests/fuzz/fuzz_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
 tests/fuzz/replay_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
 	    -DFUZZ_REPLAY -DFUZZ_BPE_$(shell echo $* | tr a-z A-Z) -o $@ tests/fuzz/bpe_target.c $(BPE_SRC) -lm
+# The checkpoint's tokenizer section (tokfile.c) from any bytes
+tests/fuzz/fuzz_tokfile: tests/fuzz/tokfile_target.c $(BPE_SRC) $(HEADERS)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ tests/fuzz/tokfile_target.c $(BPE_SRC) -lm
+tests/fuzz/replay_tokfile: tests/fuzz/tokfile_target.c $(BPE_SRC) $(HEADERS)
+	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
+	    -DFUZZ_REPLAY -o $@ tests/fuzz/tokfile_target.c $(BPE_SRC) -lm
 # gcc replay builds of the same targets, for the regression files
 tests/fuzz/replay_%: $(FUZZ_SRC)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-function -Wno-unused-parameter \

@@ -29,6 +29,7 @@
 
 #include "import.h"
 #include "model.h"
+#include "tokfile.h"
 
 // The output is written to a temporary file beside it and renamed into place only when complete,
 // so that a failure (a full disk, a signal) never leaves a truncated checkpoint under its name.
@@ -411,7 +412,9 @@ static int import_jobs(const Source *src, const Q8Spec *sp, unsigned char *base,
     return n;
 }
 
-static size_t write_import(const char *path, const Source *src, const Q8Spec *sp, Job *jobs, int *n_jobs) {
+// tokenizer: the tokenizer section (sp->tokenizer_bytes of it)
+static size_t write_import(const char *path, const Source *src, const Q8Spec *sp, const unsigned char *tokenizer, Job *jobs,
+                           int *n_jobs) {
     const Config *c = &src->cfg;
     Q8Layout L;
     q8_layout_spec(c, sp, &L);
@@ -422,6 +425,7 @@ static size_t write_import(const char *path, const Source *src, const Q8Spec *sp
     copy_vectors(src, R_NORM_FINAL, 1, (float *)(o.base + L.rms_final));
     memcpy(o.base + L.rope, src->rope_freq, (size_t)c->head_dim / 2 * sizeof(float));
     for (int i = 0; i < 3 && c->qkv_bias; i++) copy_vectors(src, R_BQ + i, c->n_layers, (float *)(o.base + L.bias[i]));
+    memcpy(o.base + L.tokenizer, tokenizer, sp->tokenizer_bytes);
     *n_jobs = import_jobs(src, sp, o.base, &L, jobs);
     run_jobs(jobs, *n_jobs);
     close_output(&o, path);
@@ -463,7 +467,7 @@ static void report(const Job *jobs, int n_jobs, size_t in_bytes, size_t out_byte
     }
     double rms = sqrt(all_w / all_n);
     printf("%-14s %12zu %14.3e %14.3e\n", "all", all_n, rms > 0 ? sqrt(all_err / all_n) / rms : 0.0, rms > 0 ? all_max / rms : 0.0);
-    printf("size: %zu bytes -> %zu bytes (%.2fx smaller)\n", in_bytes, out_bytes, (double)in_bytes / out_bytes);
+    printf("size: %zu bytes -> %zu bytes (%.2fx the input's size)\n", in_bytes, out_bytes, (double)out_bytes / in_bytes);
 }
 
 // ----------------------------------------------------------------------------
@@ -474,6 +478,8 @@ static const struct { const char *name; Config c; int shared; } presets[] = {
     {"tinyllama-1.1b", LLAMA2C_CONFIG(2048, 5632, 22, 32, 4, 32000, 2048), 0},
     {"stories15m", LLAMA2C_CONFIG(288, 768, 6, 6, 6, 32000, 256), 1},
     {"stories110m", LLAMA2C_CONFIG(768, 2048, 12, 12, 12, 32000, 1024), 1},
+    {"smollm2-135m", LLAMA2C_CONFIG(576, 1536, 30, 9, 3, 49152, 2048), 1},
+    {"llama3-8b", LLAMA2C_CONFIG(4096, 14336, 32, 32, 8, 128256, 8192), 0},
 };
 
 // NAME is a preset or "dim,hidden,layers,heads,kv_heads,vocab,seq_len" (a negative vocab: an
@@ -489,7 +495,7 @@ static int parse_shape(const char *name, Config *c, int *shared, char *err) {
     int v[7], used = 0;
     if (sscanf(name, "%d,%d,%d,%d,%d,%d,%d%n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &used) != 7 || name[used]) {
         snprintf(err, ERR_LEN, "--synthetic: \"%.100s\" is neither a preset (llama2-7b, tinyllama-1.1b, stories15m, "
-                               "stories110m) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len", name);
+                               "stories110m, smollm2-135m, llama3-8b) nor dim,hidden,layers,heads,kv_heads,vocab,seq_len", name);
         return -1;
     }
     *c = (Config)LLAMA2C_CONFIG(v[0], v[1], v[2], v[3], v[4], v[5] == INT_MIN ? 0 : v[5] < 0 ? -v[5] : v[5], v[6]);
@@ -569,7 +575,8 @@ static void print_usage(FILE *to) {
                 "  GS: group size along the input dimension (default 128; a GGUF whose weights are all Q8_0:\n"
                 "      32, its own groups and scales, without loss)\n"
                 "  --fp32: the imported model with FP32 weights (the unquantized reference)\n"
-                "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | dim,hidden,layers,heads,kv_heads,vocab,seq_len\n"
+                "  NAME: llama2-7b | tinyllama-1.1b | stories15m | stories110m | smollm2-135m | llama3-8b |\n"
+                "        dim,hidden,layers,heads,kv_heads,vocab,seq_len\n"
                 "  out.bin is replaced only when complete, and only if it is a regular file or missing and not\n"
                 "  in.bin; a symbolic link is written through to its target\n");
 }
@@ -606,17 +613,24 @@ static int import(const QuantizeArgs *a, const char *target) {
     char err[ERR_LEN];
     Source src;
     if (source_open(&src, a->in, err)) die(err);
-    Q8Spec sp = {.version = 2, .gs = a->gs, .fp32 = a->fp32, .shared = src.shared_classifier,
-                 .bos_id = -1, .eos_id = -1, .eot_id = -1, .add_bos = 0, .chat_template = 0};
+    unsigned char *tokenizer = NULL;
+    size_t tokenizer_bytes = 0;
+    TokInfo info;
+    if (tokfile_from_source(&src, &tokenizer, &tokenizer_bytes, &info, err)) die(err);
+    Q8Spec sp = {.version = 2, .gs = a->gs, .fp32 = a->fp32, .shared = src.shared_classifier, .tokenizer_bytes = tokenizer_bytes,
+                 .bos_id = info.bos_id, .eos_id = info.eos_id, .eot_id = info.eot_id, .add_bos = info.add_bos, .chat_template = info.chat};
     if (!a->gs_given && !a->fp32 && all_q8_0(&src)) sp.gs = GGML_QK8_0;
     Job *jobs = calloc(2 + 7 * (size_t)src.cfg.n_layers, sizeof(Job));
     int n_jobs;
     if (!jobs) die("out of memory");
-    size_t out_bytes = write_import(target, &src, &sp, jobs, &n_jobs);
+    size_t out_bytes = write_import(target, &src, &sp, tokenizer, jobs, &n_jobs);
     printf("%s (%s) -> %s (Q8LM v2, %s)\n", a->in, src.is_gguf ? "GGUF" : "Hugging Face", a->out,
            sp.fp32 ? "FP32" : sp.gs == GGML_QK8_0 && all_q8_0(&src) ? "INT8, Q8_0's groups of 32 kept" : "INT8");
+    printf("tokenizer: chat format %s, bos %d, eos %d, end of turn %d\n", chat_name(info.chat),
+           info.bos_id, info.eos_id, info.eot_id);
     if (!sp.fp32) report(jobs, n_jobs, source_bytes(&src), out_bytes);
     free(jobs);
+    free(tokenizer);
     source_close(&src);
     return 0;
 }

@@ -18,7 +18,7 @@
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
-#include "tokenizer.h"
+#include "text.h"
 #include "util.h"
 
 // ----------------------------------------------------------------------------
@@ -70,7 +70,7 @@ static int flush_stdout(char *err) {
 
 // Prints a piece of text, then flush_stdout.
 static int emit(const char *piece, char *err) {
-    safe_print(piece);
+    fputs(piece, stdout);
     return flush_stdout(err);
 }
 
@@ -84,21 +84,21 @@ static const float *prefill(Exec *e, const int *tokens, int n, int pos) {
     return logits;
 }
 
-// Prints each token of a pipelined decode after the one before it.
+// Prints each token of a decode as it comes (text.h's stream).
 typedef struct {
-    const Tokenizer *tok;
-    int prev;
+    TextStream ts;
     char *err;
+    int last;    // the last token generated (an end-of-turn token is not printed, but kept)
 } Printer;
 
 static int print_token(void *ctx, int token) {
     Printer *p = ctx;
-    int rc = emit(decode(p->tok, p->prev, token), p->err);
-    p->prev = token;
-    return rc;
+    p->last = token;
+    return emit(text_stream_next(&p->ts, token), p->err);
 }
 
-// Samples from logits (of position pos) on, one forward per token, until BOS or position steps.
+// Samples from logits (of position pos) on, one forward per token, until a token that ends the
+// text (text_is_end: BOS for llama2.c's models, EOS or end of turn for others) or position steps.
 // Returns the tokens generated, or -1 if printing failed.
 static int decode_loop(Exec *e, Sampler *sampler, const float *logits, int pos, int steps, Printer *pr) {
     int generated = 0;
@@ -106,47 +106,74 @@ static int decode_loop(Exec *e, Sampler *sampler, const float *logits, int pos, 
         int next = sample(sampler, e, logits);
         pos++;
         generated++;
-        if (next == BOS) break;
+        pr->last = next;
+        if (text_is_end(pr->ts.t, next)) break;
         if (print_token(pr, next)) return -1;
         if (pos < steps) logits = forward(e, &next, 1, pos, 0);
     }
     return generated;
 }
 
+// The prompt's ids: 0, or -1 with err where it is empty with no BOS to start from, or too long.
+static int prompt_ids(const Text *t, const char *prompt, int steps, int context, int **tokens, int *n, char *err) {
+    if (text_encode(t, prompt, 1, tokens, n, err)) return -1;
+    if (*n == 0) {
+        if (t->bos_id < 0) {
+            snprintf(err, ERR_LEN, "the prompt is empty and this model has no BOS token to begin with: give -p");
+            return -1;
+        }
+        (*tokens)[(*n)++] = t->bos_id;
+    }
+    if (*n > context) {
+        snprintf(err, ERR_LEN, "the prompt is %d tokens, longer than the model's context of %d", *n, context);
+        return -1;
+    }
+    if (*n > steps) {
+        snprintf(err, ERR_LEN, "the prompt is %d tokens but -n allows only %d positions", *n, steps);
+        return -1;
+    }
+    return 0;
+}
+
+// Echoes the prompt's text: llama2.c's models from the token after BOS, others all of it (special
+// tokens print nothing).
+static int echo_prompt(Printer *pr, const int *tokens, int n) {
+    const int from = pr->ts.t->tf.bpe ? 0 : 1;
+    for (int i = from; i < n; i++)
+        if (print_token(pr, tokens[i])) return -1;
+    return 0;
+}
+
 // llama2.c's generate: `steps` positions in all, prompt included; stops early at BOS.
 // The prompt is echoed as it is consumed.
-static int generate(Exec *e, const Tokenizer *tok, Sampler *sampler, const char *prompt, int steps, GenStats *st,
+static int generate(Exec *e, const Text *text, Sampler *sampler, const char *prompt, int steps, GenStats *st,
                     char *err) {
-    int *tokens = xcalloc(strlen(prompt) + 3, sizeof(int)), n = 0;
-    if (encode(tok, prompt, 1, tokens, &n, err)) goto fail;
-    if (n > e->cfg.seq_len) {
-        snprintf(err, ERR_LEN, "the prompt is %d tokens, longer than the model's context of %d", n, e->cfg.seq_len);
-        goto fail;
-    }
-    if (n > steps) {
-        snprintf(err, ERR_LEN, "the prompt is %d tokens but -n allows only %d positions", n, steps);
-        goto fail;
-    }
+    int *tokens = NULL, n = 0;
+    Printer pr = {.err = err};
+    text_stream_init(&pr.ts, text, -1);
+    if (prompt_ids(text, prompt, steps, e->cfg.seq_len, &tokens, &n, err)) goto fail;
+    pr.ts.prev = tokens[0];
     long t0 = time_in_us();
     const float *logits = prefill(e, tokens, n, 0);
     e->ops->to_host(e, logits, 1);   // waits for the device: prefill time is complete
     long t1 = time_in_us();
-    for (int i = 1; i < n; i++)
-        if (emit(decode(tok, tokens[i - 1], tokens[i]), err)) goto fail;
+    if (echo_prompt(&pr, tokens, n)) goto fail;
     int generated = NOT_PIPELINED;
-    Printer pr = {tok, tokens[n - 1], err};
-    if (sampler->temperature == 0.0f && e->ops->decode_greedy)
+    // the executor's pipelined loop stops at BOS only: llama2.c's models
+    if (sampler->temperature == 0.0f && e->ops->decode_greedy && !text->tf.bpe)
         generated = e->ops->decode_greedy(e, logits, n - 1, steps, print_token, &pr);
     if (generated == NOT_PIPELINED) generated = decode_loop(e, sampler, logits, n - 1, steps, &pr);
-    if (generated < 0) goto fail;
+    if (generated < 0 || emit(text_stream_flush(&pr.ts), err)) goto fail;
     double kv_bytes = 0;   // the decode steps ran at positions n .. n + generated - 2
     for (int pos = n; pos < n - 1 + generated; pos++) kv_bytes += kv_bytes_at(e, pos);
     if (emit("\n", err)) goto fail;
     *st = (GenStats){n, generated, (t1 - t0) / 1e6, (time_in_us() - t1) / 1e6, kv_bytes};
     free(tokens);
+    text_stream_free(&pr.ts);
     return 0;
 fail:
     free(tokens);
+    text_stream_free(&pr.ts);
     return -1;
 }
 
@@ -156,17 +183,13 @@ fail:
 // are then copied to the others. Sequences that produce BOS stop (their slot keeps running, its
 // output unused); each sequence's text is printed when all are done. st->generated counts the
 // steps (tokens per sequence).
-static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int B, const char *prompt, int steps,
+static int generate_batch(Exec *e, const Text *text, Sampler *samplers, int B, const char *prompt, int steps,
                           GenStats *st, char *err) {
-    int *tokens = xcalloc(strlen(prompt) + 3, sizeof(int)), n = 0, V = e->cfg.vocab_size;
+    int *tokens = NULL, n = 0, V = e->cfg.vocab_size;
     int *out = xcalloc((size_t)B * (steps + 1), sizeof(int)), *next = xcalloc(B, sizeof(int));
     int *count = xcalloc(B, sizeof(int)), *stopped = xcalloc(B, sizeof(int));   // tokens so far; produced BOS
     int status = -1, step = 0;
-    if (encode(tok, prompt, 1, tokens, &n, err)) goto done;
-    if (n > steps) {
-        snprintf(err, ERR_LEN, "the prompt is %d tokens but -n allows only %d positions", n, steps);
-        goto done;
-    }
+    if (prompt_ids(text, prompt, steps, e->cfg.seq_len, &tokens, &n, err)) goto done;
     long t0 = time_in_us();
     const float *host = e->ops->to_host(e, prefill(e, tokens, n, 0), 1);
     e->ops->copy_cache(e, n);
@@ -178,11 +201,11 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
         step++;
         for (int b = 0; b < B; b++) {
             if (stopped[b]) continue;
-            if (next[b] == BOS) stopped[b] = 1, live--;
+            if (text_is_end(text, next[b])) stopped[b] = 1, live--;
             else out[(size_t)b * (steps + 1) + count[b]++] = next[b];
         }
         if (live == 0 || pos >= steps) break;
-        const float *logits = forward_batch(e, next, B, pos);   // a stopped slot runs BOS, unused
+        const float *logits = forward_batch(e, next, B, pos);   // a stopped slot runs its end token, unused
         if (greedy) {
             e->ops->argmax_rows(e, logits, B, next);
         } else if (sample_on_executor(e, samplers, B, stopped, logits, next)) {
@@ -190,20 +213,110 @@ static int generate_batch(Exec *e, const Tokenizer *tok, Sampler *samplers, int 
             for (int b = 0; b < B; b++)
                 if (!stopped[b]) next[b] = sample_host(&samplers[b], host + (size_t)b * V);
         }
-        for (int b = 0; b < B; b++) next[b] = stopped[b] ? BOS : next[b];
+        for (int b = 0; b < B; b++) next[b] = stopped[b] ? tokens[0] : next[b];
     }
     long t2 = time_in_us();
     for (int b = 0; b < B; b++) {
         const int *seq = out + (size_t)b * (steps + 1);
         printf("[sequence %d]\n", b);
-        for (int i = 1; i < n; i++) safe_print(decode(tok, tokens[i - 1], tokens[i]));
-        for (int i = 0; i < count[b]; i++) safe_print(decode(tok, i ? seq[i - 1] : tokens[n - 1], seq[i]));
-        if (emit("\n", err)) goto done;
+        Printer pr = {.err = err};
+        text_stream_init(&pr.ts, text, tokens[0]);
+        int bad = echo_prompt(&pr, tokens, n);
+        for (int i = 0; i < count[b] && !bad; i++) bad = print_token(&pr, seq[i]);
+        bad = bad || emit(text_stream_flush(&pr.ts), err) || emit("\n", err);
+        text_stream_free(&pr.ts);
+        if (bad) goto done;
     }
     *st = (GenStats){n, step, (t1 - t0) / 1e6, (t2 - t1) / 1e6, 0};
     status = 0;
 done:
     free(tokens), free(out), free(next), free(count), free(stopped);
+    return status;
+}
+
+// ----------------------------------------------------------------------------
+// Chat: one user turn per line of standard input, in the model's chat format; the KV cache is kept
+// across turns, so only each new turn is prefilled. -n bounds the whole conversation's positions.
+
+#define CHAT_LINE_BYTES (1 << 16)
+
+// The ids of one turn: the last reply's end token (pending, unless -1), then the turn's text.
+static int turn_ids(const Text *t, int chat, int first, const char *system, const char *line, int pending, int **ids, int *n,
+                    char *err) {
+    char *turn = xcalloc(2 * CHAT_LINE_BYTES, 1);
+    int rc = text_chat_turn(chat, first, system, line, turn, 2 * CHAT_LINE_BYTES) < 0 ? -1 : 0;
+    if (rc) snprintf(err, ERR_LEN, "a chat turn is too long (at most %d bytes)", CHAT_LINE_BYTES);
+    int *text_ids = NULL, m = 0;
+    if (!rc) rc = text_encode(t, turn, first, &text_ids, &m, err);
+    free(turn);
+    if (rc) return free(text_ids), -1;
+    *ids = xcalloc(m + 1, sizeof(int));
+    *n = 0;
+    if (pending >= 0) (*ids)[(*n)++] = pending;
+    memcpy(*ids + *n, text_ids, m * sizeof(int));
+    *n += m;
+    free(text_ids);
+    return 0;
+}
+
+// Reads one line of standard input without its line ending: 1, or 0 at the end of input.
+static int read_turn(char *line) {
+    if (isatty(STDIN_FILENO)) fputs("User: ", stdout), fflush(stdout);
+    if (!fgets(line, CHAT_LINE_BYTES, stdin)) return 0;
+    line[strcspn(line, "\r\n")] = '\0';
+    return 1;
+}
+
+// The reply to a turn prefilled up to position pos - 1: streamed, ended by the model's end token
+// (returned in *pending, to be run before the next turn) or by -n. Returns the next free position,
+// or -1 if printing failed.
+static int reply(Exec *e, const Text *t, Sampler *s, const float *logits, int pos, int steps, int *pending, char *err) {
+    Printer pr = {.err = err, .last = -1};
+    text_stream_init(&pr.ts, t, -1);
+    int rc = emit("Assistant: ", err);
+    const int generated = rc ? -1 : decode_loop(e, s, logits, pos - 1, steps, &pr);
+    rc = generated < 0 || emit(text_stream_flush(&pr.ts), err) || emit("\n", err);
+    text_stream_free(&pr.ts);
+    *pending = generated > 0 && text_is_end(t, pr.last) ? pr.last : -1;
+    return rc ? -1 : pos - 1 + generated;
+}
+
+// kind: CHAT_* (the checkpoint's or --template's); system: -y, else the template's own (or NULL).
+static int chat(Exec *e, const Text *t, Sampler *s, int kind, const char *system, int steps, char *err) {
+    if (!t->tf.bpe) {
+        snprintf(err, ERR_LEN, "-m chat needs a checkpoint that carries its tokenizer: import the model with ./quantize");
+        return -1;
+    }
+    if (kind <= CHAT_NONE) {
+        snprintf(err, ERR_LEN, "the checkpoint has no chat format this engine knows: choose one with --template (chatml, llama3, "
+                               "llama2, mistral)");
+        return -1;
+    }
+    if (!system) system = t->tf.default_system;
+    char *line = xcalloc(CHAT_LINE_BYTES, 1);
+    int pos = 0, pending = -1, status = 0;
+    for (int first = 1; status == 0 && read_turn(line); ) {
+        if (!line[0]) continue;
+        int *ids = NULL, n = 0;
+        if (turn_ids(t, kind, first, system, line, pending, &ids, &n, err)) status = -1;
+        else if (pos + n >= steps) {
+            fprintf(stderr, "run: the conversation has reached %d of its %d positions (-n); it ends here\n", pos, steps);
+            free(ids);
+            break;
+        } else {
+            const float *logits = prefill(e, ids, n, pos);
+            pos = reply(e, t, s, logits, pos + n, steps, &pending, err);
+            status = pos < 0 ? -1 : 0;
+            if (status == 0 && pending < 0) {   // the reply ran into -n: no room for another turn
+                fprintf(stderr, "run: the conversation has reached its %d positions (-n); it ends here\n", steps);
+                free(ids);
+                break;
+            }
+        }
+        free(ids);
+        first = 0;
+    }
+    free(line);
     return status;
 }
 
@@ -218,14 +331,14 @@ static double nll(const float *logits, int n, int target) {
 // Teacher-forced perplexity of a text: the token stream (BOS first) is cut into windows of the
 // context; each window starts at position 0 with the last token of the one before, so every token
 // after the first is predicted exactly once. Returns exp(mean NLL).
-static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *ppl, int *n_predicted, char *err) {
+static int perplexity(Exec *e, const Text *tok, const char *text, double *ppl, int *n_predicted, char *err) {
     int V = e->cfg.vocab_size, window = e->cfg.seq_len;
     if (window < 2) {
         snprintf(err, ERR_LEN, "a context of %d position cannot predict anything", window);
         return -1;
     }
-    int *tokens = xcalloc(strlen(text) + 3, sizeof(int)), n = 0;
-    if (encode(tok, text, 1, tokens, &n, err)) {
+    int *tokens = NULL, n = 0;
+    if (text_encode(tok, text, 1, &tokens, &n, err)) {
         free(tokens);
         return -1;
     }
@@ -256,6 +369,10 @@ static int perplexity(Exec *e, const Tokenizer *tok, const char *text, double *p
 // Everything the command line sets, parsed without side effects (the fuzzer calls this).
 typedef struct {
     const char *checkpoint, *prompt, *tokenizer, *ppl_file, *device;
+    const char *mode;            // "generate" or "chat" (-m)
+    const char *system_prompt;   // -y: chat's system prompt
+    const char *chat_template;   // --template: chat format by name (else the checkpoint's)
+    const char *tokenize_file;   // --tokenize: print the ids of this file's text and exit
     float temperature, topp;
     long steps, seed, batch;   // seed 0: the time
     long threads;              // CPU threads (0: the CPUs this process may use)
@@ -325,6 +442,10 @@ static int set_option(CliArgs *a, const char *f, const char *v, char *err) {
     else if (!strcmp(f, "-z")) a->tokenizer = v;
     else if (!strcmp(f, "--ppl")) a->ppl_file = v;
     else if (!strcmp(f, "--device")) a->device = v;
+    else if (!strcmp(f, "-m")) a->mode = v;
+    else if (!strcmp(f, "-y")) a->system_prompt = v;
+    else if (!strcmp(f, "--template")) a->chat_template = v;
+    else if (!strcmp(f, "--tokenize")) a->tokenize_file = v;
     else {
         snprintf(err, ERR_LEN, "unknown option \"%.100s\"", f);
         return CLI_USAGE;
@@ -335,7 +456,7 @@ static int set_option(CliArgs *a, const char *f, const char *v, char *err) {
 // 0, CLI_HELP (-h or --help anywhere), -1 (a bad value: the reason in err) or CLI_USAGE (err says
 // what was not understood).
 static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
-    *a = (CliArgs){.prompt = "", .device = "gpu", .temperature = 1.0f, .topp = 0.9f, .steps = 256, .batch = 1, .gpu = GPU_DEFAULTS};
+    *a = (CliArgs){.prompt = "", .device = "gpu", .mode = "generate", .temperature = 1.0f, .topp = 0.9f, .steps = 256, .batch = 1, .gpu = GPU_DEFAULTS};
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             snprintf(err, ERR_LEN, "%s asks for the usage", argv[i]);
@@ -361,6 +482,18 @@ static int parse_cli(int argc, char **argv, CliArgs *a, char *err) {
         snprintf(err, ERR_LEN, "--batch generates; it does not apply to --ppl");
         return -1;
     }
+    if (strcmp(a->mode, "generate") && strcmp(a->mode, "chat")) {
+        snprintf(err, ERR_LEN, "-m expects generate or chat, got \"%.100s\"", a->mode);
+        return -1;
+    }
+    if (a->chat_template && chat_from_name(a->chat_template) <= CHAT_NONE) {
+        snprintf(err, ERR_LEN, "--template \"%.60s\" is not one of chatml, llama3, llama2, mistral", a->chat_template);
+        return -1;
+    }
+    if (!strcmp(a->mode, "chat") && (a->batch > 1 || a->ppl_file)) {
+        snprintf(err, ERR_LEN, "-m chat does not combine with --batch or --ppl");
+        return -1;
+    }
     if (strcmp(a->device, "cpu") && strcmp(a->device, "gpu")) {
         snprintf(err, ERR_LEN, "--device expects cpu or gpu, got \"%.100s\"", a->device);
         return -1;
@@ -378,7 +511,12 @@ static const char usage_text[] =
     "  -t <float>       temperature in [0, inf) (default 1.0; 0 = greedy)\n"
     "  --top-p <float>  top-p (nucleus) sampling in [0, 1] (default 0.9; 0 or 1 = off)\n"
     "  -s <int>         random seed (default: time)\n"
-    "  -z <string>      tokenizer (default: tokenizer.bin beside the binary)\n"
+    "  -z <string>      tokenizer for llama2.c checkpoints (default: tokenizer.bin beside the binary;\n"
+    "                   imported models carry their own)\n"
+    "  -m <string>      mode: generate (default) or chat: one user turn per line of standard input\n"
+    "  -y <string>      chat: the system prompt (default: the model's own, if its template has one)\n"
+    "  --template <string>  chat format: chatml, llama3, llama2 or mistral (default: the model's)\n"
+    "  --tokenize <file>    print the ids of the file's text, as the model sees it as a prompt\n"
     "  --batch <int>    decode this many sequences (1 to 64) from the prompt together, seeds s, s+1, ...\n"
     "  --ppl <file>     print the perplexity of the text in <file> instead of generating\n"
     "  --device cpu|gpu where to run (default gpu; without a usable GPU: a message, then the CPU)\n"
@@ -465,7 +603,7 @@ static const char *make_executor(Exec *exec, const Model *model, CliArgs *a) {
     return model->quantized ? "int8" : "fp32";
 }
 
-static int run_perplexity(Exec *exec, const Tokenizer *tok, const CliArgs *a, const char *path_name) {
+static int run_perplexity(Exec *exec, const Text *tok, const CliArgs *a, const char *path_name) {
     char err[ERR_LEN];
     size_t bytes;
     double ppl;
@@ -482,16 +620,20 @@ static int run_perplexity(Exec *exec, const Tokenizer *tok, const CliArgs *a, co
     return status;
 }
 
-static int run_generation(Exec *exec, const Tokenizer *tok, const Model *model, const CliArgs *a, const char *path_name) {
+static int run_generation(Exec *exec, const Text *tok, const Model *model, const CliArgs *a, const char *path_name) {
     char err[ERR_LEN];
     const int B = (int)a->batch;
     Sampler *samplers = xcalloc(B, sizeof(Sampler));
     const unsigned long long seed = a->seed > 0 ? (unsigned long long)a->seed : (unsigned long long)time(NULL);
     for (int b = 0; b < B; b++) build_sampler(&samplers[b], model->cfg.vocab_size, a->temperature, a->topp, seed + b);
     GenStats st;
-    const int rc = B > 1 ? generate_batch(exec, tok, samplers, B, a->prompt, (int)a->steps, &st, err)
-                         : generate(exec, tok, samplers, a->prompt, (int)a->steps, &st, err);
+    const int is_chat = !strcmp(a->mode, "chat");
+    const int kind = a->chat_template ? chat_from_name(a->chat_template) : tok->chat;
+    const int rc = is_chat ? chat(exec, tok, samplers, kind, a->system_prompt, (int)a->steps, err)
+                   : B > 1 ? generate_batch(exec, tok, samplers, B, a->prompt, (int)a->steps, &st, err)
+                           : generate(exec, tok, samplers, a->prompt, (int)a->steps, &st, err);
     if (rc) fprintf(stderr, "run: %s\n", err);
+    else if (is_chat) ;
     else if (B > 1) print_batch_stats(&st, B, exec, a, path_name);
     else print_stats(&st, model, exec, a, path_name);
     for (int b = 0; b < B; b++) free_sampler(&samplers[b]);
@@ -499,33 +641,63 @@ static int run_generation(Exec *exec, const Tokenizer *tok, const Model *model, 
     return rc ? 1 : 0;
 }
 
+// --tokenize: the ids of a file's text as a prompt, on one line.
+static int run_tokenize(const Text *t, const char *path) {
+    char err[ERR_LEN];
+    size_t bytes;
+    int *ids = NULL, n = 0;
+    char *text = read_file(path, (size_t)256 << 20, &bytes, err);
+    if (!text || text_encode(t, text, 1, &ids, &n, err)) {
+        fprintf(stderr, "run: %s\n", err);
+        free(text);
+        return 1;
+    }
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids), free(text);
+    if (flush_stdout(err)) return fprintf(stderr, "run: %s\n", err), 1;
+    return 0;
+}
+
+// The model's tokenizer: its own (Q8LM v2 imports), else -z or tokenizer.bin beside the binary.
+static void open_text(Text *t, const Model *m, const CliArgs *a, const char *argv0) {
+    char path[4200], err[ERR_LEN];
+    if (m->tokenizer && a->tokenizer) die("the checkpoint carries its own tokenizer; -z is for llama2.c checkpoints");
+    if (a->tokenizer) snprintf(path, sizeof path, "%s", a->tokenizer);
+    else default_tokenizer(path, sizeof path, argv0);
+    if (text_open(t, m, path, err)) die(err);
+}
+
 int main(int argc, char **argv) {
     CliArgs a;
-    char default_tok[4200], err[ERR_LEN];
+    char err[ERR_LEN];
     int rc = parse_cli(argc, argv, &a, err);
     if (rc == CLI_HELP) return fputs(usage_text, stdout) == EOF || fflush(stdout) ? 1 : 0;
     if (rc == CLI_USAGE) usage(err);
     if (rc) die(err);
     signal(SIGPIPE, SIG_IGN);   // a closed stdout becomes a write error with a message, not a kill
-    if (!a.tokenizer) {
-        default_tokenizer(default_tok, sizeof default_tok, argv[0]);
-        a.tokenizer = default_tok;
-    }
     Model model;
     if (load_model(a.checkpoint, &model, err)) die(err);
-    Tokenizer tok;
-    if (build_tokenizer(&tok, a.tokenizer, model.cfg.vocab_size, err)) die(err);
+    Text tok;
+    open_text(&tok, &model, &a, argv[0]);
+    if (a.tokenize_file) {
+        const int status = run_tokenize(&tok, a.tokenize_file);
+        text_close(&tok), free_model(&model);
+        return status;
+    }
     if (a.steps > model.cfg.seq_len) {
         snprintf(err, ERR_LEN, "-n %ld is beyond the context of %s (seq_len %d)", a.steps, a.checkpoint, model.cfg.seq_len);
         die(err);
     }
     if (a.steps == 0) a.steps = model.cfg.seq_len;
     if (a.batch > 1) a.gpu.n_seqs = (int)a.batch, a.gpu.context = (int)a.steps;   // caches only as long as -n
+    // models of long contexts (imports: 8k to 128k positions) get a KV cache as long as -n
+    if (!a.ppl_file && model.cfg.seq_len > 4096) a.gpu.context = (int)a.steps;
     Exec exec;
     const char *path_name = make_executor(&exec, &model, &a);
     const int status = a.ppl_file ? run_perplexity(&exec, &tok, &a, path_name) : run_generation(&exec, &tok, &model, &a, path_name);
     exec.ops->release(&exec);
-    free_tokenizer(&tok);
+    text_close(&tok);
     free_model(&model);
     return status;
 }

@@ -37,6 +37,25 @@ static int tok_fail(Tokenizer *t, char *err, const char *path, const char *msg, 
     return -1;
 }
 
+int tokenizer_file_entries(const char *path, char *err) {
+    size_t bytes = 0, at = 4;
+    char *data = read_file(path, (size_t)1 << 30, &bytes, err);
+    if (!data) return -1;
+    int n = 0;
+    while (bytes >= 4 && bytes - at >= 8) {
+        int len;
+        memcpy(&len, data + at + 4, 4);
+        if (len < 0 || bytes - at - 8 < (size_t)len) break;
+        at += 8 + (size_t)len, n++;
+    }
+    free(data);
+    if (bytes < 4 || at != bytes) {
+        snprintf(err, ERR_LEN, "%.300s: ends inside an entry (truncated?)", path);
+        return -1;
+    }
+    return n;
+}
+
 // Reads and validates the whole file: every length in bounds, every score finite, exactly
 // vocab_size entries (a tokenizer for another vocabulary would decode garbage).
 int build_tokenizer(Tokenizer *t, const char *path, int vocab_size, char *err) {

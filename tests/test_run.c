@@ -1121,7 +1121,7 @@ static void test_imports(void) {
     // transformers 4's form of the same config (rope_theta and rope_scaling, not rope_parameters)
     const char *legacy = tpath("legacy");
     if (!sh("mkdir -p %s && cp tests/fixtures/hf/llama3_scaled/config.legacy.json %s/config.json && "
-            "cp tests/fixtures/hf/llama3_scaled/model.safetensors %s/", legacy, legacy, legacy))
+            "cp tests/fixtures/hf/llama3_scaled/model.safetensors tests/fixtures/hf/llama3_scaled/tok* %s/", legacy, legacy, legacy))
         test_import(legacy, "tests/fixtures/hf/llama3_scaled/refs", "--fp32", 1e-4, "llama3_scaled, config.json of transformers 4");
     sh("rm -rf %s", legacy);
     static const char *const gguf[] = {"llama_basic.f32", "llama_basic.q8_0", "llama3_scaled.q8_0", "qwen2.f16"};
