@@ -58,6 +58,10 @@ row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
 row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
 row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
+# Hugging Face shapes (vocabularies 49152 and 128256, beyond tokenizer.bin's 32000)
+row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
+row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
+[ -n "${BENCH_QUICK:-}" ] || row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
 if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null
     ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"

@@ -1,6 +1,7 @@
 // attention.cuh: RoPE with the KV store, and attention over the KV cache (FP16 or FP32 elements),
 // kernels then launchers.
-//   rope_store_kernel (gpu_rope_store)                 where the QKV GEMV's epilogue does not
+//   rope_store_kernel (gpu_rope_store)                 biases, RoPE and the KV store, where the QKV
+//                                                      GEMV's epilogue does not
 //   attention_kernel, attention_combine_kernel         split along the sequence (flash-decoding),
 //     (gpu_attention, gpu_attention_part_floats)       the splits' partial softmaxes then combined
 namespace {
@@ -47,33 +48,39 @@ __device__ __forceinline__ float qk_dot(const float *qs, const KV *k, int hs) {
     return sc;
 }
 
-// RoPE on q (M, dim) and k (M, kv_dim), token m at position pos + m, one thread per pair; then
-// the pair of k and of v goes into cache row pos + m. pos: inputs[0].
-__device__ __forceinline__ void rotate_pair(float *v, int i, float cs, float sn) {
-    const float v0 = v[i], v1 = v[i + 1];
-    v[i] = v0 * cs - v1 * sn;
-    v[i + 1] = v0 * sn + v1 * cs;
+// The pair (v[i], v[i + 1]) plus the bias's pair (none where bias is NULL).
+__device__ __forceinline__ float2 biased_pair(const float *v, const float *bias, int i) {
+    float2 p = make_float2(v[i], v[i + 1]);
+    if (bias) p.x += __ldg(bias + i), p.y += __ldg(bias + i + 1);
+    return p;
+}
+// A pair rotated by the angle whose cosine and sine are cs and sn.
+__device__ __forceinline__ float2 rotated(float2 p, float cs, float sn) {
+    return make_float2(p.x * cs - p.y * sn, p.x * sn + p.y * cs);
 }
 
-// seq_stride: 0, token m at pos + m of one cache; else token m is sequence m's, at pos, in a cache
-// seq_stride elements after sequence m - 1's.
+// Biases, RoPE and the KV store (QkvRope) on q (M, q_dim), k and v (M, kv_dim), token m at
+// position pos + m (r.seq_stride 0; else token m is sequence m's, at pos, in caches seq_stride
+// elements after sequence m - 1's), one thread per pair: q's pair biased and rotated in place,
+// k's and v's into cache row pos. pos: inputs[0].
 template <typename KV>
-__global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, KV *kc, KV *vc,
-                                  const int *__restrict__ inputs, int dim, int kv_dim, int head_size, size_t seq_stride) {
+__global__ void rope_store_kernel(float *q, float *k, const float *__restrict__ v, const QkvRope r,
+                                  const int *__restrict__ inputs, int q_dim, int kv_dim) {
     pdl_wait_then_release();
-    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + (seq_stride ? 0 : m);
-    kc += m * seq_stride, vc += m * seq_stride;
-    if (i >= dim) return;
-    const float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x), m = blockIdx.y, pos = inputs[0] + (r.seq_stride ? 0 : m);
+    if (i >= q_dim) return;
     float sn, cs;
-    sincosf(pos * freq, &sn, &cs);
-    rotate_pair(q + (size_t)m * dim, i, cs, sn);
+    sincosf(pos * __ldg(r.rope_freq + i % r.head_size / 2), &sn, &cs);
+    float *qm = q + (size_t)m * q_dim;
+    const float2 qr = rotated(biased_pair(qm, r.bias[0], i), cs, sn);
+    qm[i] = qr.x, qm[i + 1] = qr.y;
     if (i >= kv_dim) return;
-    float *km = k + (size_t)m * kv_dim;
-    rotate_pair(km, i, cs, sn);
-    const size_t at = (size_t)pos * kv_dim + i;
-    kv_store(kc + at, km[i]), kv_store(kc + at + 1, km[i + 1]);
-    kv_store(vc + at, v[(size_t)m * kv_dim + i]), kv_store(vc + at + 1, v[(size_t)m * kv_dim + i + 1]);
+    const float2 kr = rotated(biased_pair(k + (size_t)m * kv_dim, r.bias[1], i), cs, sn);
+    const float2 vr = biased_pair(v + (size_t)m * kv_dim, r.bias[2], i);
+    const size_t at = m * r.seq_stride + (size_t)pos * kv_dim + i;
+    KV *kc = static_cast<KV *>(r.key_cache), *vc = static_cast<KV *>(r.value_cache);
+    kv_store(kc + at, kr.x), kv_store(kc + at + 1, kr.y);
+    kv_store(vc + at, vr.x), kv_store(vc + at + 1, vr.y);
 }
 
 // kElems consecutive cache elements as loaded: 16 bytes (kElems = 16 / sizeof(KV), 16-byte
@@ -244,15 +251,14 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(floa
 
 }  // namespace
 
-extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M,
-                               int dim, int kv_dim, int head_size, int kv_half, size_t seq_stride) {
-    dim3 grid(ceil_div_i(dim / 2, 128), M);
-    if (kv_half)
-        launch(g, "rope_store_kernel", rope_store_kernel<__half>, grid, dim3(128), 0, q, k, v, (__half *)key_cache,
-               (__half *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size, seq_stride);
+extern "C" void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, int M, int q_dim, int kv_dim, const QkvRope *r) {
+    dim3 grid(ceil_div_i(q_dim / 2, 128), M);
+    if (r->kv_half)
+        launch(g, "rope_store_kernel", rope_store_kernel<__half>, grid, dim3(128), 0, q, k, v, *r, (const int *)g->inputs,
+               q_dim, kv_dim);
     else
-        launch(g, "rope_store_kernel", rope_store_kernel<float>, grid, dim3(128), 0, q, k, v, (float *)key_cache,
-               (float *)value_cache, (const int *)g->inputs, dim, kv_dim, head_size, seq_stride);
+        launch(g, "rope_store_kernel", rope_store_kernel<float>, grid, dim3(128), 0, q, k, v, *r, (const int *)g->inputs,
+               q_dim, kv_dim);
 }
 
 extern "C" int gpu_attention_max_head_size(void) { return kMaxHeadSize; }

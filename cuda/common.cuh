@@ -88,8 +88,9 @@ __device__ float block_reduce(float v, float *red) {
     return kMax ? warp_max(v) : warp_sum(v);
 }
 
-// 1 / rms of n values whose squares sum to sumsq: rmsnorm_kernel's factor (and the CPU's).
-__device__ __forceinline__ float inv_rms_of(float sumsq, int n) { return 1.0f / sqrtf(sumsq / n + 1e-5f); }
+// 1 / rms of n values whose squares sum to sumsq, eps added to the mean square: rmsnorm_kernel's
+// factor (and the CPU's).
+__device__ __forceinline__ float inv_rms_of(float sumsq, int n, float eps) { return 1.0f / sqrtf(sumsq / n + eps); }
 
 // Programmatic dependent launch: wait until the previous kernel in the stream has completed and
 // its writes are visible (a no-op when launched without PDL); then let the next kernel launch.

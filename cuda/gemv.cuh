@@ -2,8 +2,8 @@
 //   q8_matmul_kernel     register-fed: any GPU, any M (up to 8 tokens a block), any group size
 //   q8_gemv_tma_kernel   fed by the copy engine into a ring in shared memory: M = 1, sm_90a
 //   Q8Args, q8_args      what one launch computes: up to three outputs of one K (q, k, v), or
-//                        w1 and w3 in pair mode; epilogues store_rows (residual add, RoPE + KV
-//                        store) and finish_output (folded RMSNorm, SwiGLU)
+//                        w1 and w3 in pair mode; epilogues store_rows (residual add; biases,
+//                        RoPE + KV store) and finish_output (folded RMSNorm, SwiGLU)
 //   launch_q8_simt, launch_q8 (the tall instance), q8_tma_fits, launch_q8_tma
 // Tuning constants that bench/tune.sh overrides at build time (-D): Q8_PREFETCH_BYTES,
 // Q8_TMA_STAGES, Q8_TMA_BLOCKS.
@@ -80,13 +80,15 @@ struct Q8Out {
     int N;
     int first_block;   // blockIdx.x where this output starts
 };
-// QKV launch only: RoPE applied to q and k in the epilogue, then k and v stored straight into
-// the layer's KV cache rows pos..pos+M-1 instead of out[1].y and out[2].y.
+// QKV launch only: the biases added, RoPE applied to q and k in the epilogue, then k and v stored
+// straight into the layer's KV cache rows pos..pos+M-1 instead of out[1].y and out[2].y.
 struct RopeStore {
-    const int *inputs;   // [0]: the position of token 0; NULL: no RoPE, plain outputs
-    void *kc, *vc;       // (seq_len, kv_dim) the layer's caches, FP16 if kv_half else FP32
+    const int *inputs;      // [0]: the position of token 0; NULL: no RoPE, plain outputs
+    const float *freq;      // (head_size / 2): pair (2i, 2i + 1) of a head turns by pos * freq[i]
+    const float *bias[3];   // (out[j].N) added to output j before RoPE, or NULL
+    void *kc, *vc;          // (seq_len, kv_dim) the layer's caches, FP16 if kv_half else FP32
     int head_size, kv_half;
-    size_t seq_stride;   // 0: token m at pos + m; else token m is sequence m's, at pos, caches this far apart
+    size_t seq_stride;      // 0: token m at pos + m; else token m is sequence m's, at pos, caches this far apart
 };
 struct Q8Args {
     Q8Out out[3];
@@ -94,34 +96,44 @@ struct Q8Args {
     int n_out, M, K, stride, groups, gs, group_shift;
     int accumulate;    // y += result instead of y = result
     const float *norm_w;  // non-NULL: x is the raw residual stream, RMSNorm'd on the fly with these (K) weights
+    float norm_eps;       // with norm_w: the RMSNorm's epsilon
     int prefetch_bytes;   // of each weight row, asked of L2 before the previous kernel ends (PDL)
     int tma_rows, tma_stages;   // q8_gemv_tma_kernel: rows of each output per block, stages in its ring
     RopeStore rope;
 };
 
-// Rotates the pairs (v[r], v[r + 1]), r even, of rows row0 + r at position pos: the same
-// operations as rope_store_kernel (and the CPU's RoPE).
+// Rotates the pairs (v[r], v[r + 1]), r even, of rows row0 + r at position pos by pos * freq of
+// the pair: the same operations as rope_store_kernel (and the CPU's RoPE).
 template <int R>
-__device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, int head_size) {
+__device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, const float *freq, int head_size) {
 #pragma unroll
     for (int r = 0; r + 1 < R; r += 2) {
-        const float freq = 1.0f / powf(10000.0f, ((row0 + r) % head_size) / (float)head_size);
         float sn, cs;
-        sincosf(pos * freq, &sn, &cs);
+        sincosf(pos * __ldg(freq + (row0 + r) % head_size / 2), &sn, &cs);
         const float v0 = v[r], v1 = v[r + 1];
         v[r] = v0 * cs - v1 * sn;
         v[r + 1] = v0 * sn + v1 * cs;
     }
 }
 
+// v[r] += bias[row0 + r] for the rows within N; nothing without a bias.
+template <int R>
+__device__ __forceinline__ void add_bias(float v[R], const float *bias, int row0, int N) {
+    if (!bias) return;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (row0 + r < N) v[r] += __ldg(bias + row0 + r);
+}
+
 // The finished outputs v of rows row0 .. row0 + R - 1 (row0 even) of output j for token m, by
-// one thread: RoPE'd and stored into the KV cache (the QKV launch's k and v), or written to y
-// (added to it when accumulating). Rows past N are dropped.
+// one thread: biased, RoPE'd and stored into the KV cache (the QKV launch's k and v; q to y), or
+// written to y (added to it when accumulating). Rows past N are dropped.
 template <int R>
 __device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &o, int row0, int m, float v[R]) {
     if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: whole RoPE pairs
         const int pos = a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m);
-        if (j < 2) rope_rows<R>(v, row0, pos, a.rope.head_size);
+        add_bias<R>(v, a.rope.bias[j], row0, o.N);
+        if (j < 2) rope_rows<R>(v, row0, pos, a.rope.freq, a.rope.head_size);
         if (j > 0) {
             const size_t at = m * a.rope.seq_stride + (size_t)pos * o.N + row0;
             void *cache = j == 1 ? a.rope.kc : a.rope.vc;
@@ -164,6 +176,14 @@ __device__ __forceinline__ float finish_output(float sum, float sum3, float inv_
     return pair ? v * (1.0f / (1.0f + expf(-v))) * (sum3 * inv_rms) : v;
 }
 
+// Blocks of q8_matmul_kernel an SM must hold, as ptxas is told (0: its own choice). The instance
+// of the decode step's QKV launch (M = 1, norm folded, 2 rows a warp) took 95 registers at
+// ptxas's choice once its epilogue added the biases: 2 blocks an SM, where it had held 3 (80
+// registers, 4 bytes spilled). Held to 3, it takes 80 and spills nothing.
+constexpr int q8_min_blocks(int R, int MT, bool shift, bool pair, bool norm) {
+    return norm && shift && !pair && MT == 1 && R == kRowsPerWarp ? 3 : 0;
+}
+
 // Fused dequant-GEMM: y (M, N) = x (M, K) W^T, W int8 (N, stride) with scales (N, groups).
 //
 //   grid.x: blocks of kWarps * R rows (of each output in turn);  grid.y: groups of MT tokens
@@ -180,7 +200,7 @@ __device__ __forceinline__ float finish_output(float sum, float sum3, float inv_
 //   norm's launch and its pass over x. (A template flag: as a run-time branch it cost the plain
 //   M = 1 kernel 35 registers.)
 template <int R, int kUnroll, int MT, bool kShiftGroups, bool kPair, bool kNorm>
-__global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) {
+__global__ void __launch_bounds__(kWarps * 32, q8_min_blocks(R, MT, kShiftGroups, kPair, kNorm)) q8_matmul_kernel(const Q8Args a) {
     const int j = output_of_block(a, kPair);
     const Q8Out o = j == 0 ? a.out[0] : j == 1 ? a.out[1] : a.out[2];
     constexpr int RR = kPair ? 2 * R : R;   // rows a warp reads
@@ -247,7 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) q8_matmul_kernel(const Q8Args a) 
     }
 #pragma unroll
     for (int t = 0; t < MT; t++) {
-        const float inv_rms = kNorm ? inv_rms_of(warp_sum(sumsq[t]), K) : 1.0f;
+        const float inv_rms = kNorm ? inv_rms_of(warp_sum(sumsq[t]), K, a.norm_eps) : 1.0f;
         float v[R];
 #pragma unroll
         for (int r = 0; r < R; r++)   // pair mode: w3's sums follow w1's (RR - R + r is r + R then, and in bounds always)
@@ -328,7 +348,7 @@ __device__ float tma_stage_x(float4 *x4, float *red, const Q8Args &a) {
         for (int sub = 0; sub < 4; sub++)
             x4[sub * chunks + c] = make_float4(xv[4 * sub], xv[4 * sub + 1], xv[4 * sub + 2], xv[4 * sub + 3]);
     }
-    return kNorm ? inv_rms_of(block_reduce<false>(sumsq, red), a.K) : 1.0f;
+    return kNorm ? inv_rms_of(block_reduce<false>(sumsq, red), a.K, a.norm_eps) : 1.0f;
 }
 
 // One tile's chunks: acc[t] += scale * (row t's chunk . x's chunk), for this thread's chunk c.

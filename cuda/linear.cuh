@@ -40,15 +40,17 @@ extern "C" const char *gpu_linear_name(LinearKernel k) {
     }
 }
 
-// The GEMV kernels' arguments for a call: one output, q k v with RoPE and the KV store, or w1
-// and w3 (pair mode).
+// The GEMV kernels' arguments for a call: one output, q k v with biases, RoPE and the KV store,
+// or w1 and w3 (pair mode).
 static Q8Args linear_q8_args(const GpuCtx *g, const LinearCall *c) {
     const int n = c->form == LINEAR_PLAIN ? 1 : c->form == LINEAR_QKV_ROPE ? 3 : 2;
     float *y[3] = {c->y, NULL, NULL};
     Q8Args a = q8_args(c->x, c->M, n, c->w, y, c->form == LINEAR_PLAIN && c->accumulate);
-    a.norm_w = c->norm_w;
-    if (c->form == LINEAR_QKV_ROPE)
-        a.rope = (RopeStore){g->inputs, c->kv.key_cache, c->kv.value_cache, c->kv.head_size, c->kv.kv_half, c->kv.seq_stride};
+    a.norm_w = c->norm_w, a.norm_eps = c->norm_eps;
+    if (c->form != LINEAR_QKV_ROPE) return a;
+    const QkvRope *r = &c->qkv;
+    a.rope = (RopeStore){g->inputs, r->rope_freq, {r->bias[0], r->bias[1], r->bias[2]}, r->key_cache, r->value_cache,
+                         r->head_size, r->kv_half, r->seq_stride};
     return a;
 }
 

@@ -14,15 +14,16 @@ __global__ void embed_kernel(float *__restrict__ x, const int *__restrict__ inpu
         x[(size_t)blockIdx.x * dim + j] = f ? f[row * stride + j] : q[row * stride + j] * s[row * groups + j / gs];
 }
 
-// out = w * in / rms(in), one block per row of n.
-__global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w, int n) {
+// out = w * in / rms(in), eps added to the mean square; one block per row of n.
+__global__ void rmsnorm_kernel(float *__restrict__ out, const float *__restrict__ in, const float *__restrict__ w, int n,
+                               float eps) {
     __shared__ float red[32];
     pdl_wait_then_release();
     const float *x = in + (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
     ss = block_reduce<false>(ss, red);
-    const float scale = inv_rms_of(ss, n);
+    const float scale = inv_rms_of(ss, n, eps);
     for (int j = threadIdx.x; j < n; j += blockDim.x) out[(size_t)blockIdx.x * n + j] = w[j] * (scale * x[j]);
 }
 
@@ -64,8 +65,8 @@ extern "C" void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb) {
            emb->groups, emb->gs, emb->q, emb->s, emb->f);
 }
 
-extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n) {
-    launch(g, "rmsnorm_kernel", rmsnorm_kernel, dim3(M), dim3(256), 0, out, in, w, n);
+extern "C" void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n, float eps) {
+    launch(g, "rmsnorm_kernel", rmsnorm_kernel, dim3(M), dim3(256), 0, out, in, w, n, eps);
 }
 
 extern "C" void gpu_swiglu(GpuCtx *g, float *h, const float *gate, int n) {

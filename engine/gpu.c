@@ -18,6 +18,7 @@ typedef struct {
     Weights w;                  // device mirror of the model's Weights
     void *d_map, *d_owned;      // the uploaded file and the loader's repacked buffers
     void *d_half;               // --fp16: every linear weight as dense FP16, one block
+    float *rope_freq;           // (head_dim / 2) RoPE frequencies: the file's, or rope_frequencies()
     float *att_part;            // the split attention's partial results
     const Model *model;         // host side, for translating pointers
     float *host_logits;         // (MAX_TOKENS, vocab)
@@ -44,7 +45,7 @@ static void run_linear(Exec *e, LinearKernel k, const LinearCall *c) {
 // The input as plain rows: itself, or its RMSNorm written into xb by its own kernel.
 static const float *gpu_op_apply_norm(Exec *e, Input in, int M) {
     if (!in.norm_w) return in.x;
-    gpu_rmsnorm(GPU(e)->ctx, e->s.xb, in.x, in.norm_w, M, e->cfg.dim);
+    gpu_rmsnorm(GPU(e)->ctx, e->s.xb, in.x, in.norm_w, M, e->cfg.dim, e->cfg.norm_eps);
     return e->s.xb;
 }
 
@@ -53,6 +54,7 @@ static void set_input(Exec *e, LinearCall *c, LinearKernel k, Input in) {
     const int fold = in.norm_w && linear_folds_norm(k, &GPU(e)->opt);
     c->x = fold ? in.x : gpu_op_apply_norm(e, in, c->M);
     c->norm_w = fold ? in.norm_w : NULL;
+    c->norm_eps = e->cfg.norm_eps;
 }
 
 static void gpu_op_matmul(Exec *e, float *out, Input in, int M, const Mat *w, int accumulate) {
@@ -62,25 +64,30 @@ static void gpu_op_matmul(Exec *e, float *out, Input in, int M, const Mat *w, in
     run_linear(e, k, &c);
 }
 
-// RoPE on q and k, then k and v into the layer's cache rows: a kernel of its own.
-static void rope_store(Exec *e, int layer, const Step *st) {
+// What follows q, k and v of a layer: the layer's biases (if any), RoPE, its cache rows.
+static QkvRope qkv_rope(Exec *e, int layer, const Step *st) {
     const Config *p = &e->cfg;
-    const int head_size = p->dim / p->n_heads, kv_dim = head_size * p->n_kv_heads;
-    gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, layer_cache(e, e->s.key_cache, layer),
-                   layer_cache(e, e->s.value_cache, layer), st->M, p->dim, kv_dim, head_size, GPU(e)->opt.kv_half,
-                   step_seq_stride(e, st));
+    const Weights *w = e->w;   // the device mirror
+    QkvRope r = {.rope_freq = GPU(e)->rope_freq, .key_cache = layer_cache(e, e->s.key_cache, layer),
+                 .value_cache = layer_cache(e, e->s.value_cache, layer), .head_size = p->head_dim,
+                 .kv_half = GPU(e)->opt.kv_half, .seq_stride = step_seq_stride(e, st)};
+    if (w->bq) {
+        r.bias[0] = w->bq + (size_t)layer * q_dim_of(p);
+        r.bias[1] = w->bk + (size_t)layer * kv_width_of(p);
+        r.bias[2] = w->bv + (size_t)layer * kv_width_of(p);
+    }
+    return r;
 }
 
-// q, k, v in one launch with RoPE and the KV store in its epilogue where the chosen kernel has
-// epilogues; else three linear calls and the RoPE kernel.
+// q, k, v in one launch with the biases, RoPE and the KV store in its epilogue where the chosen
+// kernel has epilogues; else three linear calls and the kernel that does the rest.
 static void gpu_op_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
     LinearCall c = {.form = LINEAR_QKV_ROPE, .M = st->M, .x = in.x, .w = {wq, wk, wv}, .y = e->s.q, .norm_w = in.norm_w};
-    c.kv = (KvStore){layer_cache(e, e->s.key_cache, layer), layer_cache(e, e->s.value_cache, layer),
-                     e->cfg.dim / e->cfg.n_heads, GPU(e)->opt.kv_half, step_seq_stride(e, st)};
+    c.qkv = qkv_rope(e, layer, st);
     const LinearKernel k = choose_linear(GPU(e)->ctx, &GPU(e)->opt, &c);
     if (!linear_has_epilogues(k)) {
         qkv_by_matmul(e, layer, in, st, wq, wk, wv);
-        rope_store(e, layer, st);
+        gpu_rope_store(GPU(e)->ctx, e->s.q, e->s.k, e->s.v, st->M, q_dim_of(&e->cfg), kv_width_of(&e->cfg), &c.qkv);
         return;
     }
     set_input(e, &c, k, in);
@@ -175,7 +182,7 @@ static void gpu_op_embed(Exec *e, const int *tokens, int M) {
 static void gpu_op_attention(Exec *e, int layer, const Step *st) {
     const Config *p = &e->cfg;
     gpu_attention(GPU(e)->ctx, e->s.xb, GPU(e)->att_part, e->s.q, layer_cache(e, e->s.key_cache, layer),
-                  layer_cache(e, e->s.value_cache, layer), st->M, p->n_heads, p->n_kv_heads, p->dim / p->n_heads, p->seq_len,
+                  layer_cache(e, e->s.value_cache, layer), st->M, p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len,
                   GPU(e)->opt.kv_half, step_seq_stride(e, st));
 }
 
@@ -246,7 +253,8 @@ static void gpu_op_copy_cache(Exec *e, int rows) { for_each_cache_copy(e, rows, 
 static void gpu_op_release(Exec *e) {
     GpuExec *g = GPU(e);
     RunState *s = &e->s;
-    void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache, g->att_part};
+    void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->logits, s->key_cache, s->value_cache, g->att_part,
+                    g->rope_freq};
     gpu_sync(g->ctx);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
     if (g->graph) gpu_graph_free(g->graph);
@@ -329,6 +337,20 @@ static void mirror_weights(GpuExec *g, const Model *m) {
     d->rms_att = device_ptr(g, h->rms_att);
     d->rms_ffn = device_ptr(g, h->rms_ffn);
     d->rms_final = device_ptr(g, h->rms_final);
+    d->bq = device_ptr(g, h->bq), d->bk = device_ptr(g, h->bk), d->bv = device_ptr(g, h->bv);
+    d->rope_freq = device_ptr(g, h->rope_freq);
+}
+
+// The RoPE frequency table on the device: the file's, or rope_frequencies() of the config (for
+// llama2.c's models exactly what its expression computes).
+static float *upload_rope_freq(const Model *m, const Config *p) {
+    const size_t bytes = (size_t)p->head_dim / 2 * sizeof(float);
+    float *host = xcalloc(1, bytes), *dev = gpu_alloc(bytes);
+    if (m->w.rope_freq) memcpy(host, m->w.rope_freq, bytes);
+    else rope_frequencies(p, host);
+    gpu_upload(dev, host, bytes);
+    free(host);
+    return dev;
 }
 
 // --fp16: every linear weight converted once to dense FP16 (the FP16 baseline; the INT8 or FP32
@@ -357,26 +379,17 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
              o->no_norm_fold && fused ? ", no norm folding" : "");
 }
 
-// Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
-// activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
-// What the GPU kernels do not compute yet: they hold llama2.c's RoPE base, norm epsilon and
-// head size (dim / n_heads), and add no biases. Such a model runs on the CPU.
-static int gpu_supports(const Model *m, const Config *p, char *why) {
-    const char *lacks = m->w.rope_freq                        ? "RoPE frequencies given by the file"
-                        : p->qkv_bias                           ? "q/k/v biases"
-                        : p->rope_scaling.type != ROPE_PLAIN  ? "RoPE frequency scaling"
-                        : p->rope_theta != 10000.0f           ? "a RoPE base other than 10000"
-                        : p->norm_eps != 1e-5f                ? "an RMSNorm epsilon other than 1e-5"
-                        : p->head_dim * p->n_heads != p->dim  ? "a head size other than dim / n_heads"
-                                                              : NULL;
-    if (lacks) snprintf(why, ERR_LEN, "the GPU kernels do not support %s yet", lacks);
-    return lacks == NULL;
+// The widest input of a linear layer (dim, hidden_dim or q_dim: wo's).
+static int widest_input(const Config *p) {
+    const int w = p->dim > p->hidden_dim ? p->dim : p->hidden_dim;
+    return w > q_dim_of(p) ? w : q_dim_of(p);
 }
 
+// Uploads the model once (the file as it lies, plus any repacked buffers) and allocates the
+// activations and KV cache on the GPU. Checks that it all fits before allocating any of it.
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     const Config cfg = exec_config(m, opt.context), *p = &cfg;
     int head_size = p->head_dim, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
-    if (!gpu_supports(m, p, why)) return GPU_UNAVAILABLE;
     if (gpu_probe(why)) return GPU_UNAVAILABLE;
     if (head_size > gpu_attention_max_head_size()) {
         snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());
@@ -387,9 +400,9 @@ int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     size_t part = gpu_attention_part_floats(MAX_TOKENS, p->n_heads, head_size, p->seq_len);
     size_t weights = m->map_bytes + m->owned_bytes + (opt.path == PATH_FP16 ? all_elems * 2 : 0);
     size_t kv = 2 * z.cache * kv_bytes * n_seqs;
-    size_t acts = (3 * z.x + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
+    size_t acts = (z.x + z.xb + z.q + 2 * z.kv + 2 * z.hidden + z.logits + part) * sizeof(float);
     size_t scratch = m->quantized && opt.path == PATH_UNFUSED ? largest : 0, free_b, total_b;
-    size_t half_in = (size_t)MAX_TOKENS * round_up(p->dim > p->hidden_dim ? p->dim : p->hidden_dim, 64);   // FP16 inputs: --fp16, tensor cores (K padded to 64)
+    size_t half_in = (size_t)MAX_TOKENS * round_up(widest_input(p), 64);   // FP16 inputs: --fp16, tensor cores (K padded to 64)
     size_t need = weights + kv + acts + scratch * sizeof(float) + half_in * 2 + ((size_t)512 << 20);   // + cuBLAS, context
     gpu_mem_info(&free_b, &total_b);
     if (need > free_b) {
@@ -414,6 +427,7 @@ int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
         gpu_upload(g->d_owned, m->owned, m->owned_bytes);
     }
     mirror_weights(g, m);
+    g->rope_freq = upload_rope_freq(m, p);
     if (opt.path == PATH_FP16) make_half_weights(g, p, all_elems);
     g->att_part = gpu_alloc(part * sizeof(float));
     g->host_logits = xcalloc(z.logits, sizeof(float));

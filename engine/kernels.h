@@ -69,16 +69,20 @@ const char *gpu_linear_name(LinearKernel k);
 // in the epilogue (QKV_ROPE); w1 and w3 with the SwiGLU (SWIGLU). The epilogue forms run on
 // LINEAR_GEMV and LINEAR_GEMV_COPY only.
 typedef enum { LINEAR_PLAIN, LINEAR_QKV_ROPE, LINEAR_SWIGLU } LinearForm;
-// QKV_ROPE: RoPE at the step's positions (gpu_set_inputs) applied to q and k, then k and v stored
-// into rows pos..pos+M-1 of the layer's caches (seq_len, kv_dim) instead of being written out.
+// QKV_ROPE: the biases added to q, k and v where given, then RoPE at the step's positions
+// (gpu_set_inputs) applied to q and k, then k and v stored into rows pos..pos+M-1 of the layer's
+// caches (seq_len, kv_dim) instead of being written out (q_dim = n_heads * head_size, kv_dim =
+// n_kv_heads * head_size). Pair (2i, 2i + 1) of every head turns by pos * rope_freq[i].
 // seq_stride (here and for gpu_rope_store and gpu_attention): 0, the M tokens are one sequence at
 // pos..pos+M-1; else token m is sequence m's (a batch step), at pos, its caches seq_stride elements
 // after sequence m - 1's.
 typedef struct {
+    const float *bias[3];            // (q_dim), (kv_dim), (kv_dim): q, k, v biases, or NULL: none
+    const float *rope_freq;          // (head_size / 2)
     void *key_cache, *value_cache;   // FP16 elements if kv_half, else FP32
     int head_size, kv_half;
     size_t seq_stride;
-} KvStore;
+} QkvRope;
 typedef struct {
     LinearForm form;
     int M;
@@ -87,7 +91,8 @@ typedef struct {
     float *y;                // (M, N): the product; QKV_ROPE: q; SWIGLU: silu(x' w1^T) * (x' w3^T)
     int accumulate;          // PLAIN: y += x' W^T instead (the residual add)
     const float *norm_w;     // (K) or NULL: the RMSNorm folded in (GEMV kernels)
-    KvStore kv;              // QKV_ROPE only
+    float norm_eps;          // with norm_w: the RMSNorm's epsilon
+    QkvRope qkv;             // QKV_ROPE only
 } LinearCall;
 // Whether kernel k can serve the call on this GPU: the weights' type, M, the group size, alignment,
 // shared memory and scratch.
@@ -102,11 +107,12 @@ void gpu_to_half(GpuCtx *g, void *dst, const Mat *w);   // dst (rows, cols) FP16
 
 // The rest of the forward pass; tokens and position come from gpu_set_inputs.
 void gpu_embed(GpuCtx *g, float *x, int M, const Mat *emb);   // x (M, dim) = embedding rows
-void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n);
-// RoPE on q (M, dim) and k (M, kv_dim), then k and v (M, kv_dim) stored at rows pos..pos+M-1 of
-// the layer's caches (seq_len, kv_dim), FP16 elements when kv_half, else FP32 (seq_stride: KvStore).
-void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, void *key_cache, void *value_cache, int M, int dim,
-                    int kv_dim, int head_size, int kv_half, size_t seq_stride);
+// out (M, n) = w * in / sqrt(mean(in^2) + eps), row by row
+void gpu_rmsnorm(GpuCtx *g, float *out, const float *in, const float *w, int M, int n, float eps);
+// What a QKV_ROPE call's epilogue does (QkvRope), as a kernel of its own after three PLAIN calls:
+// q (M, q_dim) biased and rotated in place; k and v (M, kv_dim) biased, k rotated, both stored at
+// rows pos..pos+M-1 of the layer's caches (k and v themselves are left as they were).
+void gpu_rope_store(GpuCtx *g, float *q, float *k, const float *v, int M, int q_dim, int kv_dim, const QkvRope *r);
 // out (M, n_heads * hs) = causal attention of q (M, n_heads * hs) at positions pos..pos+M-1 over
 // the layer's caches (seq_len, n_kv_heads * hs), split along the sequence; part: scratch of
 // gpu_attention_part_floats(M, ...) floats for the splits' partial results.

@@ -1184,6 +1184,9 @@ static void dev_poison(float *d, size_t n) {
 // plus FP32 accumulation.
 #define MMA_REL_TOL 6e-4
 #define WGMMA_REL_TOL 1.6e-3
+// The RMSNorm epsilon of the norm-folded checks: large enough against x's mean square (1) that a
+// kernel using any other value fails.
+#define FOLD_EPS 0.25f
 
 // The INT8 kernels, each with its tolerance relative to sum_k |w x|, and whether it folds a norm.
 typedef struct {
@@ -1198,7 +1201,8 @@ static const KernelCase int8_kernels[] = {
 #define N_INT8_KERNELS (int)(sizeof int8_kernels / sizeof int8_kernels[0])
 
 static LinearCall plain_call(const Mat *d, const float *dx, float *dy, int M, int accumulate, const float *norm_w) {
-    return (LinearCall){.form = LINEAR_PLAIN, .M = M, .x = dx, .w = {d}, .y = dy, .accumulate = accumulate, .norm_w = norm_w};
+    return (LinearCall){.form = LINEAR_PLAIN, .M = M, .x = dx, .w = {d}, .y = dy, .accumulate = accumulate, .norm_w = norm_w,
+                        .norm_eps = FOLD_EPS};
 }
 
 // One kernel on one call, its output poisoned first, or (accumulate) set to y0 and y0 subtracted
@@ -1213,13 +1217,14 @@ static void run_kernel(LinearKernel k, const LinearCall *c, float *y, const floa
         for (size_t i = 0; i < n; i++) y[i] -= y0[i];   // includes y0's rounding
 }
 
-// x RMSNorm'd with g in float64, rounded to float: the input a folded norm must reproduce.
+// x RMSNorm'd with g (epsilon FOLD_EPS) in float64, rounded to float: the input a folded norm must
+// reproduce.
 static float *normed_input(const float *x, const float *g, int M, int K) {
     float *xn = talloc((size_t)M * K * sizeof(float));
     for (int m = 0; m < M; m++) {
         double ss = 0;
         for (int k = 0; k < K; k++) ss += (double)x[(size_t)m * K + k] * x[(size_t)m * K + k];
-        double inv = 1.0 / sqrt(ss / K + 1e-5);
+        double inv = 1.0 / sqrt(ss / K + FOLD_EPS);
         for (int k = 0; k < K; k++) xn[(size_t)m * K + k] = (float)(x[(size_t)m * K + k] * inv * g[k]);
     }
     return xn;
@@ -1569,6 +1574,73 @@ static void random_model_files(Config c, int shared, int gs, int v2_gs, char *fp
     arena_free();
 }
 
+// Layers of one (rows, cols) FP32 matrix (w[0 .. layers)) into a Q8LM v2 image b: FP32 rows at q_at
+// (gs 0), or INT8 rows of stride round_up(cols, ROW_ALIGN) at q_at and their scales at s_at.
+static void put_mats(unsigned char *b, size_t q_at, size_t s_at, const Mat *w, int layers, int gs) {
+    for (int l = 0; l < layers; l++) {
+        const int rows = w[l].rows, cols = w[l].cols, stride = round_up(cols, ROW_ALIGN), groups = gs ? ceil_div(cols, gs) : 0;
+        const size_t n = (size_t)rows * cols;
+        if (!gs) {
+            memcpy(b + q_at + l * n * sizeof(float), w[l].f, n * sizeof(float));
+            continue;
+        }
+        int8_t *q = (int8_t *)(b + q_at) + (size_t)l * rows * stride;
+        float *sc = (float *)(b + s_at) + (size_t)l * rows * groups;
+        for (int r = 0; r < rows; r++) quantize_row(w[l].f + (size_t)r * cols, cols, gs, q + (size_t)r * stride, sc + (size_t)r * groups);
+    }
+}
+
+// A random model (FP32, random_model) as a Q8LM v2 file, the form imports take: FP32 weights (gs 0)
+// or INT8 in groups of gs, with head_dim, RoPE base, epsilon, biases, and the RoPE frequencies
+// of rope_frequencies() (Llama 3.1's scaling is in the table). 0, or -1 if the write failed.
+static int write_q8lm_v2(const char *path, const Model *m, int gs) {
+    const Config *c = &m->cfg;
+    const Weights *w = &m->w;
+    const Q8Spec sp = {.version = 2, .gs = gs ? gs : 32, .fp32 = !gs, .shared = m->shared_classifier,
+                       .bos_id = BOS, .eos_id = -1, .eot_id = -1, .add_bos = 1};
+    Q8Layout L;
+    q8_layout_spec(c, &sp, &L);
+    unsigned char *b = talloc(L.total);
+    q8_header_spec(b, c, &sp);
+    const size_t norms = (size_t)c->n_layers * c->dim * sizeof(float);
+    memcpy(b + L.rms_att, w->rms_att, norms);
+    memcpy(b + L.rms_ffn, w->rms_ffn, norms);
+    memcpy(b + L.rms_final, w->rms_final, c->dim * sizeof(float));
+    put_mats(b, L.tok_q, L.tok_s, &w->tok_embedding, 1, gs);
+    const Mat *per_layer[7] = {w->wq, w->wk, w->wv, w->wo, w->w1, w->w2, w->w3};
+    for (int i = W_Q; i <= W_3; i++) put_mats(b, L.q[i], L.s[i], per_layer[i], c->n_layers, gs);
+    if (!sp.shared) put_mats(b, L.cls_q, L.cls_s, &w->wcls, 1, gs);
+    rope_frequencies(c, (float *)(b + L.rope));
+    const float *bias[3] = {w->bq, w->bk, w->bv};
+    for (int i = 0; i < 3 && c->qkv_bias; i++)
+        memcpy(b + L.bias[i], bias[i], (size_t)c->n_layers * (i ? kv_width_of(c) : q_dim_of(c)) * sizeof(float));
+    return write_file(path, b, L.total);
+}
+
+// Hugging Face models' features: the CPU's small_shapes 3 and 4 (head_dim 20 and 6, not dim /
+// n_heads; RoPE bases 5e5 and 1e6, Llama 3.1's scaling; epsilon 1e-6; q/k/v biases), and a wider
+// one (q_dim 192 over dim 128) whose epsilon, 0.05 against a mean square of about 0.1, fails any
+// kernel that uses another, and whose INT8 weights (GS 64) take the tensor cores.
+static const Config hf_shapes[] = {
+    {.dim = 48, .hidden_dim = 100, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 67, .seq_len = 40,
+     .head_dim = 20, .rope_theta = 500000.0f, .norm_eps = 1e-6f, .qkv_bias = 1, .rope_scaling = {ROPE_LLAMA3, 8.0f, 1.0f, 4.0f, 16}},
+    {.dim = 64, .hidden_dim = 96, .n_layers = 2, .n_heads = 8, .n_kv_heads = 1, .vocab_size = 50, .seq_len = 36,
+     .head_dim = 6, .rope_theta = 1e6f, .qkv_bias = 1},
+    {.dim = 128, .hidden_dim = 172, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab_size = 97, .seq_len = 200,
+     .head_dim = 48, .rope_theta = 1e6f, .norm_eps = 0.05f, .qkv_bias = 1, .rope_scaling = {ROPE_LLAMA3, 4.0f, 1.0f, 4.0f, 64}},
+};
+
+// A random model of shape c (the embedding scaled as random_model_files does) as Q8LM v2 files: FP32
+// at fp32 (unless NULL), INT8 in groups of gs at q8. 0, or -1 if a write failed.
+static int hf_model_files(Config c, int shared, int gs, const char *fp32, const char *q8) {
+    Model m;
+    random_model(&m, c, 0, 0, shared);
+    for (size_t i = 0; i < (size_t)c.vocab_size * c.dim; i++) ((float *)m.w.tok_embedding.f)[i] *= 0.3f;
+    const int rc = (fp32 && write_q8lm_v2(fp32, &m, 0)) || write_q8lm_v2(q8, &m, gs) ? -1 : 0;
+    arena_free();
+    return rc;
+}
+
 
 // The GPU configurations compared with the CPU. Tolerances on the logits' relative L2 error:
 // 1e-4 where only FP32 summation order differs; FP16 KV cache: K and V rounded to FP16 (unit
@@ -1663,15 +1735,15 @@ static void compare_executors(const char *label, const char *file, int T, int fi
 
 // A batch of 12 sequences on the GPU against the CPU's batch (which equals each sequence alone):
 // the per-sequence caches and positions in RoPE, the KV store and attention, the cache copy.
-static void test_gpu_batch(void) {
-    Config c = LLAMA2C_CONFIG(128, 172, 2, 8, 4, 97, 80);
-    char *fp32 = tpath("b32.bin"), *q8 = tpath("b8.bin"), err[ERR_LEN];
-    random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+// q8: an INT8 model of a context of at least 40; label: a prefix for the tests' names.
+static void batch_vs_cpu(const char *label, const char *q8) {
+    char err[ERR_LEN];
     Model m;
     if (load_model(q8, &m, err)) {
         check(0, "gpu batch: load", "%s", err);
         return;
     }
+    const Config c = m.cfg;
     int B = 12, n = 9, steps = 15, context = 40, prompt[9], tok[12 * 15];
     batch_tokens(c.vocab_size, prompt, n, tok, B * steps);
     Exec cpu;
@@ -1690,7 +1762,8 @@ static void test_gpu_batch(void) {
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         Exec g;
         char name[200];
-        snprintf(name, sizeof name, "gpu %s: 12 sequences x 15 steps == cpu batch (relative L2 < %.0e)", runs[r].how, runs[r].tol);
+        snprintf(name, sizeof name, "gpu %s%s: 12 sequences x 15 steps == cpu batch (relative L2 < %.0e)", label, runs[r].how,
+                 runs[r].tol);
         if (gpu_exec_init(&g, &m, runs[r].opt, err)) {
             check(0, name, "gpu_exec_init: %s", err);
             continue;
@@ -1702,6 +1775,16 @@ static void test_gpu_batch(void) {
     }
     free_model(&m);
     arena_free();
+}
+
+static void test_gpu_batch(void) {
+    const Config c = LLAMA2C_CONFIG(128, 172, 2, 8, 4, 97, 80);
+    char *fp32 = tpath("b32.bin"), *q8 = tpath("b8.bin");
+    random_model_files(c, 1, 64, 0, fp32, q8, NULL);
+    batch_vs_cpu("", q8);
+    // biases, RoPE frequencies, head_dim and epsilon through every batch path (tensor cores: GS 64)
+    if (hf_model_files(hf_shapes[2], 1, 64, NULL, q8)) check(0, "gpu batch, Hugging Face features: write", "%s", q8);
+    else batch_vs_cpu("Hugging Face features, ", q8);
 }
 
 // Random models: grouped-query ratios 1, 2, 4, 8; awkward widths; prefill of 7 then decode.
@@ -1725,6 +1808,30 @@ static void test_gpu_random_models(void) {
         random_model_files(odd_heads[i], 0, 32, 0, fp32, q8, NULL);
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
+    }
+}
+
+// Random models with Hugging Face models' features (hf_shapes, as Q8LM v2 files) on every GPU
+// option, FP32 and INT8, against the CPU: prefill of 7 then decode; the wide one's prefill in one
+// chunk of 150 (the wgmma kernel, then the separate bias + RoPE kernel), the rest decoded.
+static void test_gpu_hf_models(void) {
+    for (size_t i = 0; i < sizeof hf_shapes / sizeof hf_shapes[0]; i++) {
+        Config c = hf_shapes[i];
+        config_defaults(&c);
+        char shape[120], label[160], *fp32 = tpath("hf32.bin"), *q8 = tpath("hf8.bin");
+        const int gs = i == 2 ? 64 : 32, T = i == 2 ? 180 : c.seq_len, first = i == 2 ? 150 : 7;
+        if (hf_model_files(c, (int)i % 2, gs, fp32, q8)) {
+            check(0, "gpu Hugging Face features: write the models", "%s, %s", fp32, q8);
+            continue;
+        }
+        prefill_chunk = i == 2 ? MAX_TOKENS : TEST_CHUNK;
+        snprintf(shape, sizeof shape, "random model, head_dim %d (q_dim %d, dim %d), RoPE %g%s, eps %g, biases", c.head_dim,
+                 q_dim_of(&c), c.dim, c.rope_theta, c.rope_scaling.type == ROPE_LLAMA3 ? " scaled" : "", c.norm_eps);
+        snprintf(label, sizeof label, "%s: fp32", shape);
+        compare_executors(label, fp32, T, first, 0);
+        snprintf(label, sizeof label, "%s: int8 gs%d", shape, gs);
+        compare_executors(label, q8, T, first, 0);
+        prefill_chunk = TEST_CHUNK;
     }
 }
 
@@ -1834,6 +1941,86 @@ static void test_gpu_too_small(void) {
     sh("rm -f %s", path);
 }
 
+// The GPU's logits of every position of ids (a prefill of 5, then one at a time), or NULL with
+// gpu_exec_init's reason in err.
+static float *gpu_logits_of(const Model *m, GpuOptions opt, const int *ids, int n, char *err) {
+    Exec e;
+    if (gpu_exec_init(&e, m, opt, err)) return NULL;
+    float *got = exec_logits(&e, ids, n, n < 5 ? n : 5);
+    e.ops->release(&e);
+    return got;
+}
+
+// An import fixture on the GPU: quantize <input> [flags] into Q8LM v2 as test_import does, then
+// the GPU's logits of the fixture's ids against transformers' (refs/logits.f32): with an FP32 KV
+// cache (FP32 weights on cuBLAS, INT8 on the fused GEMVs; only summation order apart from the
+// CPU's) within tol[0], with the defaults (FP16 KV cache, tensor-core prefill) within tol[1].
+// Then every GPU option against the CPU on the same file, on random tokens (compare_executors).
+static void test_gpu_import(const char *input, const char *refs, const char *flags, const double tol[2], const char *label) {
+    const char *kind = flags[0] ? flags : "(INT8)";
+    char name[300], ref_txt[512], ref_bin[512], err[ERR_LEN];
+    snprintf(name, sizeof name, "gpu import %s %s", label, kind);
+    snprintf(ref_txt, sizeof ref_txt, "%s/ref.txt", refs);
+    snprintf(ref_bin, sizeof ref_bin, "%s/logits.f32", refs);
+    if (!file_exists(input) || !file_exists(ref_bin)) return skip(name, "fixture missing");
+    char *out = tpath("gpu_import.bin");
+    if (sh("./quantize %s %s %s > /dev/null 2>&1", input, out, flags)) return check(0, name, "quantize failed");
+    Model m;
+    if (load_model(out, &m, err)) return check(0, name, "%s", err);
+    int ids[64], n_ids = ref_ints(ref_txt, "input_ids", ids, 64);
+    size_t ref_bytes;
+    const float *ref = (const float *)slurp(ref_bin, &ref_bytes);
+    const size_t V = (size_t)m.cfg.vocab_size;
+    if (n_ids < 1 || !ref || ref_bytes != (size_t)n_ids * V * sizeof(float)) {
+        free_model(&m);
+        return check(0, name, "reference unreadable or of another size (%d ids, %zu bytes, vocab %zu)", n_ids, ref_bytes, V);
+    }
+    const GpuRun runs[2] = {
+        {"FP32 KV cache", GPU_RUN(.use_graph = 1, .pdl = 1), tol[0], -1, 0},
+        {"defaults: FP16 KV cache, tensor-core prefill", GPU_DEFAULTS, tol[1], -1, 0},
+    };
+    for (int r = 0; r < 2; r++) {
+        snprintf(name, sizeof name, "gpu import %s %s (%s): logits vs transformers float32 (relative L2 < %.0e)", label, kind,
+                 runs[r].how, runs[r].tol);
+        const float *got = gpu_logits_of(&m, runs[r].opt, ids, n_ids, err);
+        if (!got) {
+            check(0, name, "gpu_exec_init: %s", err);
+            continue;
+        }
+        const double e = rel_l2_f(got, ref, (size_t)n_ids * V);
+        check(e < runs[r].tol, name, "relative L2 %.3e", e);
+        printf("     (relative L2 %.2e)\n", e);
+    }
+    free_model(&m);
+    snprintf(name, sizeof name, "import %s %s", label, kind);
+    compare_executors(name, out, 40, 7, 0);
+}
+
+// The fixtures of test_imports on the GPU. Tolerances against transformers: FP32 weights, and INT8
+// from Q8_0 (the file's own values), 1e-3 with an FP32 KV cache (the CPU's: 1e-4; measured on the
+// H200 under 1e-6), 3e-3 with FP16 K and V (measured under 8e-4); INT8 of float weights 5e-2, the
+// CPU's (these random models turn its rounding into several % of their small logits).
+static void test_gpu_imports(void) {
+    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16"};
+    static const char *const gguf[] = {"llama_basic.f32", "llama_basic.q8_0", "llama3_scaled.q8_0", "qwen2.f16"};
+    const double exact[2] = {1e-3, 3e-3}, int8[2] = {5e-2, 5e-2};
+    char dir[256], refs[300];
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/hf/%s", hf[i]);
+        snprintf(refs, sizeof refs, "%s/refs", dir);
+        test_gpu_import(dir, refs, "--fp32", exact, hf[i]);
+        test_gpu_import(dir, refs, "", int8, hf[i]);
+    }
+    for (size_t i = 0; i < sizeof gguf / sizeof gguf[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/gguf/%s.gguf", gguf[i]);
+        snprintf(refs, sizeof refs, "tests/fixtures/gguf/%s.refs", gguf[i]);
+        if (!strcmp(gguf[i], "llama_basic.f32")) snprintf(refs, sizeof refs, "tests/fixtures/hf/llama_basic/refs");   // bit-identical
+        test_gpu_import(dir, refs, "--fp32", exact, gguf[i]);
+        test_gpu_import(dir, refs, "", strstr(gguf[i], "q8_0") ? exact : int8, gguf[i]);
+    }
+    arena_free();
+}
+
 static void test_gpu_kernels(void) {
     gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
     test_gpu_linear();
@@ -1862,13 +2049,15 @@ static void test_gpu(void) {
         return;
     }
     printf("GPU: %s\n", gpu_name());
-    // "models": the last three groups (instrumented, they run as parts of their own too)
+    // "models": the last five groups (instrumented, they run as parts of their own too)
     const int models = !gpu_part || !strcmp(gpu_part, "models");
     if (!gpu_part || !strcmp(gpu_part, "linear")) run_group("gpu linear kernels, argmax, sampling", test_gpu_kernels);
     if (!gpu_part || !strcmp(gpu_part, "batch")) run_group("gpu batches, a checkpoint too large", test_gpu_batches);
     if (models || !strcmp(gpu_part, "random")) run_group("gpu random models", test_gpu_random_models);
+    if (models || !strcmp(gpu_part, "random")) run_group("gpu random models with Hugging Face features", test_gpu_hf_models);
     if (models || !strcmp(gpu_part, "long")) run_group("gpu long contexts", test_gpu_long_context);
     if (models || !strcmp(gpu_part, "real")) run_group("gpu real models", test_gpu_real);
+    if (models || !strcmp(gpu_part, "real")) run_group("gpu imports: Hugging Face and GGUF", test_gpu_imports);
 }
 #else
 static void test_gpu(void) {
