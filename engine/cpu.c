@@ -19,6 +19,7 @@
 typedef struct {
     float *tiles;       // (threads, VEC_TILE_ROWS, max_cols): each thread's dequantized weight rows
     float *rope_freq;   // (head_dim / 2): rope_frequencies()
+    float *rope_cs;     // (head_dim / 2, 2): cos and sin of one token's angles
 } CpuState;
 #define CPU(e) ((CpuState *)(e)->priv)
 
@@ -89,16 +90,28 @@ static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, in
     parallel_for(w->rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }
 
+// h = silu(h) * g over elements lo..hi, silu(x) = x * sigmoid(x).
+typedef struct {
+    float *h;
+    const float *g;
+} SwigluJob;
+static void swiglu_range(void *ctx, int lo, int hi, int slot) {
+    (void)slot;
+    const SwigluJob *j = ctx;
+    for (int i = lo; i < hi; i++) {
+        float val = j->h[i];
+        val *= (1.0f / (1.0f + expf(-val)));
+        j->h[i] = val * j->g[i];
+    }
+}
+
 static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
     float *h = e->s.hb, *g = e->s.hb2;
     const Input x = plain(cpu_apply_norm(e, in, M));
     cpu_matmul(e, h, x, M, w1, 0);
     cpu_matmul(e, g, x, M, w3, 0);
-    for (size_t i = 0; i < (size_t)M * w1->rows; i++) {
-        float val = h[i];
-        val *= (1.0f / (1.0f + expf(-val)));   // silu(x) = x * sigmoid(x)
-        h[i] = val * g[i];
-    }
+    SwigluJob j = {h, g};
+    parallel_for(M * w1->rows, 4096, swiglu_range, &j);   // expf: the threads share a prompt's
 }
 
 // RoPE: rotate each pair (2i, 2i+1) of every head by pos * freq_i (rope_frequencies: for
@@ -107,10 +120,15 @@ static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
 static void cpu_rope_store(Exec *e, int layer, const Step *st) {
     const Config *p = &e->cfg;
     const int q_dim = q_dim_of(p), kv_dim = kv_width_of(p), hd = p->head_dim;
+    float *cs = CPU(e)->rope_cs;   // (head_dim / 2, 2): one token's cos and sin, shared by its heads
     for (int m = 0; m < st->M; m++) {
         float *q = e->s.q + (size_t)m * q_dim, *k = e->s.k + (size_t)m * kv_dim;
+        for (int i = 0; i < hd / 2; i++) {
+            const float val = token_pos(st, m) * CPU(e)->rope_freq[i];
+            cs[2 * i] = cosf(val), cs[2 * i + 1] = sinf(val);
+        }
         for (int i = 0; i < q_dim; i += 2) {
-            float val = token_pos(st, m) * CPU(e)->rope_freq[(i % hd) / 2], fcr = cosf(val), fci = sinf(val);
+            const float fcr = cs[i % hd], fci = cs[i % hd + 1];
             for (int v = 0; v < (i < kv_dim ? 2 : 1); v++) {
                 float *vec = v == 0 ? q : k;
                 float v0 = vec[i], v1 = vec[i + 1];
@@ -194,6 +212,7 @@ static void cpu_release(Exec *e) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(CPU(e)->tiles);
     free(CPU(e)->rope_freq);
+    free(CPU(e)->rope_cs);
     free(e->priv);
 }
 
@@ -246,6 +265,7 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     CpuState *c = e->priv = xcalloc(1, sizeof(CpuState));
     c->tiles = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
     c->rope_freq = xcalloc((size_t)e->cfg.head_dim / 2, sizeof(float));
+    c->rope_cs = xcalloc((size_t)e->cfg.head_dim, sizeof(float));
     if (m->w.rope_freq) memcpy(c->rope_freq, m->w.rope_freq, (size_t)e->cfg.head_dim / 2 * sizeof(float));
     else rope_frequencies(&e->cfg, c->rope_freq);
 }
