@@ -5,7 +5,7 @@
 # Independent steps run in parallel (one job per core): nvcc's kernels.o is the long one.
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 CC      ?= gcc
-CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter
+CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_FORTIFY_SOURCE=2
 override CFLAGS += -Iengine
 LDLIBS  := -lm -lpthread
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)

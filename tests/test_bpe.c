@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -633,7 +634,7 @@ static void test_chat_names(void) {
 
 // A Hugging Face directory whose tokenizer.json is missing, or is not one: a one-line error naming the file.
 static void test_tokfile_refusals(void) {
-    char dir[] = "/tmp/tokfile_XXXXXX", path[600], target[600], err[ERR_LEN] = "";
+    char dir[] = "/tmp/tokfile_XXXXXX", path[PATH_MAX], target[PATH_MAX], err[ERR_LEN] = "";   // realpath writes up to PATH_MAX
     if (!mkdtemp(dir)) return check(0, "tokfile: mkdtemp failed");
     static const char *const files[] = {"config.json", "model.safetensors"};
     for (int i = 0; i < 2; i++) {

@@ -1920,9 +1920,14 @@ static void test_gpu_too_small(void) {
     FILE *f = fopen(path, "wb");
     int ok = f && fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr && fflush(f) == 0 && ftruncate(fileno(f), (off_t)L.total) == 0;
     if (f) fclose(f);
+    struct stat st;
+    if (!ok || stat(path, &st) != 0 || (size_t)st.st_size != L.total) {   // some filesystems cap a file's size
+        skip("gpu: a 176 GB checkpoint is refused", "the temporary directory's filesystem cannot hold a sparse file of that size");
+        return;
+    }
     Model m;
-    if (!ok || load_model(path, &m, err)) {
-        check(0, "gpu: a 176 GB checkpoint is refused", "cannot make the sparse file: %s", err);
+    if (load_model(path, &m, err)) {
+        check(0, "gpu: a 176 GB checkpoint is refused", "the sparse file does not load: %s", err);
         return;
     }
     Exec e;
