@@ -1926,8 +1926,10 @@ static void test_gpu_too_small(void) {
         return;
     }
     Model m;
-    if (load_model(path, &m, err)) {
-        check(0, "gpu: a 176 GB checkpoint is refused", "the sparse file does not load: %s", err);
+    if (load_model(path, &m, err)) {   // some filesystems report the size short a moment later
+        if (stat(path, &st) == 0 && (size_t)st.st_size != L.total)
+            skip("gpu: a 176 GB checkpoint is refused", "the temporary directory's filesystem reads the sparse file back short");
+        else check(0, "gpu: a 176 GB checkpoint is refused", "the sparse file does not load: %s", err);
         return;
     }
     Exec e;
