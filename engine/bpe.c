@@ -408,7 +408,7 @@ static void build_scored_merges(Bpe *b, const BpeSpec *sp) {
             m[n++] = (ScoredMerge){sp->scores[id], utf8_chars(s.s, cut), utf8_chars(s.s + cut, s.len - cut), id, l, r};
         }
     }
-    qsort(m, n, sizeof *m, by_score);
+    if (n) qsort(m, n, sizeof *m, by_score);   // m is NULL when no merge was found
     pair_tables(b, n);
     for (size_t i = 0; i < n; i++) pair_put(b, m[i].l, m[i].r, (int)i, m[i].id);
     free(m);
