@@ -189,16 +189,27 @@ void q8_header(unsigned char hdr[HEADER_BYTES], const Config *c, int gs, int sha
 // ----------------------------------------------------------------------------
 // Quantization
 
+// With SSE4.1 (x86-64-v3 here) GCC inlines roundf exactly; the baseline calls libm per weight,
+// which made imports compute-bound (NOTES 37). The comparisons are fmaxf's and fminf's, NaN
+// included (a NaN weight is ignored by the maximum and clamps to -127).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
 void quantize_row(const float *w, int cols, int gs, int8_t *q, float *s) {
     for (int g = 0; g * gs < cols; g++) {
         int lo = g * gs, hi = lo + gs < cols ? lo + gs : cols;
         float amax = 0.0f;
-        for (int j = lo; j < hi; j++) amax = fmaxf(amax, fabsf(w[j]));
+        for (int j = lo; j < hi; j++) {
+            const float a = fabsf(w[j]);
+            amax = a > amax ? a : amax;
+        }
         float scale = amax / 127.0f;
         s[g] = scale;
         for (int j = lo; j < hi; j++) {
             float v = scale > 0.0f ? roundf(w[j] / scale) : 0.0f;
-            q[j] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
+            v = v > 127.0f ? 127.0f : v;
+            v = v >= -127.0f ? v : -127.0f;
+            q[j] = (int8_t)v;
         }
     }
 }
