@@ -196,7 +196,7 @@ QUANTIZE_SRC := $(patsubst obj/%.o,engine/%.c,$(QUANTIZE_OBJ))
 tests/asan/quantize: quantize.c $(QUANTIZE_SRC) $(HEADERS)
 	@mkdir -p tests/asan
 	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c $(QUANTIZE_SRC) $(LDLIBS)
-test-asan: all tests/test_run tests/asan/run tests/asan/quantize
+test-asan: all tests/test_run $(READER_TESTS) tests/asan/run tests/asan/quantize
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
 	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
 
