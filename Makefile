@@ -198,7 +198,7 @@ tests/asan/quantize: quantize.c $(QUANTIZE_SRC) $(HEADERS)
 	$(CC) $(CFLAGS) -O1 $(SAN) -fno-sanitize-recover=undefined -o $@ quantize.c $(QUANTIZE_SRC) $(LDLIBS)
 test-asan: all tests/test_run $(READER_TESTS) tests/asan/run tests/asan/quantize
 	-@for f in $(OPTIONAL_MODELS); do [ -f $$f ] || $(MAKE) -s $$f 2>/dev/null; done
-	RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
+	REAL_QUICK=1 RUN=tests/asan/run QUANTIZE=tests/asan/quantize sh tests/run_tests.sh
 
 # The CPU unit tests under valgrind (no sanitizers, no GPU code), then the command-line checks
 # with run and quantize (CPU-only builds) under valgrind; code15M is left out (--quick, QUICK=1).
