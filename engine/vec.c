@@ -24,6 +24,7 @@
 #define LANES 16
 #define ROWS VEC_TILE_ROWS
 #define TOKENS 4
+#define PREFETCH_FLOATS 4096   // 16 KB of FP32 weights (64 KB of INT8) ahead of the loads
 
 typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
 typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));

@@ -7,7 +7,6 @@
 // Every helper gets the instance's suffix too.
 #define load_f32 ISA_NAME(load_f32)
 #define load_i8 ISA_NAME(load_i8)
-#define hsum ISA_NAME(hsum)
 #define tile_f32 ISA_NAME(tile_f32)
 #define rows_q8 ISA_NAME(rows_q8)
 #define dequant_rows ISA_NAME(dequant_rows)
@@ -37,21 +36,29 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
     return __builtin_convertvector(__builtin_convertvector(b, i32v), f32v);
 #endif
 }
-// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors).
-static inline __attribute__((always_inline)) float hsum(const f32v *v) {   // by pointer: a 64-byte vector argument draws an ABI note on SSE2
-    const f32x8 h8 = __builtin_shufflevector(*v, *v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(*v, *v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const f32x4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-    const f32x2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
-    return h2[0] + h2[1];
-}
+// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors). A macro, not a
+// function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
+// accumulators would leave the registers.
+#define hsum(v) ({                                                                                           \
+    const f32v hv_ = (v);                                                                                    \
+    const f32x8 h8_ = __builtin_shufflevector(hv_, hv_, 0, 1, 2, 3, 4, 5, 6, 7) +                              \
+                      __builtin_shufflevector(hv_, hv_, 8, 9, 10, 11, 12, 13, 14, 15);                         \
+    const f32x4 h4_ = __builtin_shufflevector(h8_, h8_, 0, 1, 2, 3) + __builtin_shufflevector(h8_, h8_, 4, 5, 6, 7); \
+    const f32x2 h2_ = __builtin_shufflevector(h4_, h4_, 0, 1) + __builtin_shufflevector(h4_, h4_, 2, 3);       \
+    h2_[0] + h2_[1];                                                                                         \
+})
 
 // res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).
 static inline __attribute__((always_inline)) void tile_f32(const float *const w[ROWS], const float *const x[TOKENS], int T, int K, float res[ROWS][TOKENS]) {
     f32v acc[ROWS][TOKENS];
-    memset(acc, 0, sizeof acc);
+    UNROLL for (int r = 0; r < ROWS; r++)
+        UNROLL for (int t = 0; t < T; t++) acc[r][t] = (f32v){0};
     int k = 0;
     for (; k + LANES <= K; k += LANES) {
         f32v wv[ROWS];
+        // decode streams the weights: ask for the bytes 16 KB ahead, which the hardware
+        // prefetcher alone does not keep in flight across 4 interleaved rows (NOTES 36)
+        if (T == 1) UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(w[r] + k + PREFETCH_FLOATS);
         UNROLL for (int r = 0; r < ROWS; r++) wv[r] = load_f32(w[r] + k);
         UNROLL for (int t = 0; t < T; t++) {
             const f32v xv = load_f32(x[t] + k);
@@ -60,7 +67,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
     }
     for (int r = 0; r < ROWS; r++)
         UNROLL for (int t = 0; t < T; t++) {
-            float s = hsum(&acc[r][t]);
+            float s = hsum(acc[r][t]);
             for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
             res[r][t] = s;
         }
@@ -71,18 +78,19 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
 // dequant_rows rounds it, then multiplied with x as tile_f32 does: bit for bit the same result.
 static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
     f32v acc[ROWS];
-    memset(acc, 0, sizeof acc);
+    UNROLL for (int r = 0; r < ROWS; r++) acc[r] = (f32v){0};
     int k = 0;
     for (int g = 0, group_end = gs; k + LANES <= K; k += LANES) {
         if (k == group_end) g++, group_end += gs;
         const f32v xv = load_f32(x + k);
+        UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(q[r] + k + 4 * PREFETCH_FLOATS);
         UNROLL for (int r = 0; r < ROWS; r++) {
             const f32v wv = load_i8(q[r] + k) * s[r][g];
             acc[r] += wv * xv;
         }
     }
     UNROLL for (int r = 0; r < ROWS; r++) {
-        float sum = hsum(&acc[r]);
+        float sum = hsum(acc[r]);
         for (int j = k; j < K; j++) {
             const float w = q[r][j] * s[r][j / gs];
             sum += w * x[j];
@@ -157,7 +165,7 @@ static float ISA_NAME(dot)(const float *x, const float *y, int n) {
     f32v acc = {0};
     int k = 0;
     for (; k + LANES <= n; k += LANES) acc += load_f32(x + k) * load_f32(y + k);
-    float s = hsum(&acc);
+    float s = hsum(acc);
     for (; k < n; k++) s += x[k] * y[k];
     return s;
 }
@@ -169,7 +177,6 @@ static void ISA_NAME(axpy)(float *y, float a, const float *x, int n) {
 #undef UNROLL
 #undef load_f32
 #undef load_i8
-#undef hsum
 #undef tile_f32
 #undef rows_q8
 #undef dequant_rows
