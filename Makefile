@@ -155,26 +155,26 @@ FUZZ_FLAGS   := -g -O1 -std=gnu11 -Iengine -fsanitize=fuzzer,address,undefined -
                 -Wall -Wextra -Wno-unused-function -Wno-unused-parameter
 # The CPU-only engine (no HAVE_GPU): what the fuzz targets and the valgrind builds link.
 CPU_ENGINE_SRC := $(ENGINE_SRC)
-FUZZ_SRC     := tests/fuzz/fuzz.c run.c quantize.c $(CPU_ENGINE_SRC) $(HEADERS)
+FUZZ_SRC     := tests/fuzz/fuzz.c tests/fuzz/harness.h run.c quantize.c $(CPU_ENGINE_SRC) $(HEADERS)
 fuzz_define   = -DFUZZ_$(shell echo $(1) | tr a-z A-Z)
 tests/fuzz/fuzz_%: $(FUZZ_SRC)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(call fuzz_define,$*) -o $@ tests/fuzz/fuzz.c $(CPU_ENGINE_SRC) -lm -lpthread
 # The readers' targets are files of their own (tests/fuzz/<reader>_target.c)
-$(addprefix tests/fuzz/fuzz_,$(READERS)): tests/fuzz/fuzz_%: tests/fuzz/%_target.c $(READER_SRC) $(HEADERS)
+$(addprefix tests/fuzz/fuzz_,$(READERS)): tests/fuzz/fuzz_%: tests/fuzz/%_target.c tests/fuzz/harness.h $(READER_SRC) $(HEADERS)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ tests/fuzz/$*_target.c $(READER_SRC) -lm
-$(addprefix tests/fuzz/replay_,$(READERS)): tests/fuzz/replay_%: tests/fuzz/%_target.c $(READER_SRC) $(HEADERS)
+$(addprefix tests/fuzz/replay_,$(READERS)): tests/fuzz/replay_%: tests/fuzz/%_target.c tests/fuzz/harness.h $(READER_SRC) $(HEADERS)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
 	    -DFUZZ_REPLAY -o $@ tests/fuzz/$*_target.c $(READER_SRC) -lm
 # The BPE tokenizer's two targets: tokenizer.json from any bytes; encode/decode of any bytes
-tests/fuzz/fuzz_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
+tests/fuzz/fuzz_bpe_%: tests/fuzz/bpe_target.c tests/fuzz/harness.h $(BPE_SRC) $(HEADERS)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -DFUZZ_BPE_$(shell echo $* | tr a-z A-Z) -o $@ tests/fuzz/bpe_target.c $(BPE_SRC) -lm
-tests/fuzz/replay_bpe_%: tests/fuzz/bpe_target.c $(BPE_SRC) $(HEADERS)
+tests/fuzz/replay_bpe_%: tests/fuzz/bpe_target.c tests/fuzz/harness.h $(BPE_SRC) $(HEADERS)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
 	    -DFUZZ_REPLAY -DFUZZ_BPE_$(shell echo $* | tr a-z A-Z) -o $@ tests/fuzz/bpe_target.c $(BPE_SRC) -lm
 # The checkpoint's tokenizer section (tokfile.c) from any bytes
-tests/fuzz/fuzz_tokfile: tests/fuzz/tokfile_target.c $(BPE_SRC) $(HEADERS)
+tests/fuzz/fuzz_tokfile: tests/fuzz/tokfile_target.c tests/fuzz/harness.h $(BPE_SRC) $(HEADERS)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ tests/fuzz/tokfile_target.c $(BPE_SRC) -lm
-tests/fuzz/replay_tokfile: tests/fuzz/tokfile_target.c $(BPE_SRC) $(HEADERS)
+tests/fuzz/replay_tokfile: tests/fuzz/tokfile_target.c tests/fuzz/harness.h $(BPE_SRC) $(HEADERS)
 	$(CC) -g -O1 -std=gnu11 -Iengine $(SAN) -fno-sanitize-recover=undefined -Wall -Wextra -Wno-unused-parameter \
 	    -DFUZZ_REPLAY -o $@ tests/fuzz/tokfile_target.c $(BPE_SRC) -lm
 # gcc replay builds of the same targets, for the regression files

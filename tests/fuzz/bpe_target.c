@@ -19,6 +19,7 @@
 //       engine/unicode.c engine/json.c engine/util.c -lm
 //   ./fuzz_bpe_encode -max_total_time=120 -max_len=4096 corpus/ tests/data/bpe/texts-as-files...
 #define _GNU_SOURCE
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,19 +69,6 @@ static char *round_trip(const Bpe *b, const char *text, size_t len, int flags, s
 }
 
 #if defined(FUZZ_BPE_JSON)
-// The bytes as an anonymous in-memory file: the loader takes a path, as the programs do.
-static int bytes_as_file(const uint8_t *data, size_t size, char path[64]) {
-    int fd = memfd_create("fuzz-input", 0);
-    if (fd < 0) abort();
-    for (size_t at = 0; at < size;) {
-        ssize_t n = write(fd, data + at, size - at);
-        if (n <= 0) abort();
-        at += (size_t)n;
-    }
-    snprintf(path, 64, "/proc/self/fd/%d", fd);
-    return fd;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[64], err[ERR_LEN] = "";
     int fd = bytes_as_file(data, size, path);
@@ -155,21 +143,4 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 #else
 #error "build with -DFUZZ_BPE_JSON or -DFUZZ_BPE_ENCODE"
-#endif
-
-#ifdef FUZZ_REPLAY
-// gcc builds without libFuzzer: each file named on the command line is run once.
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        uint8_t *data = malloc((size_t)1 << 24);
-        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
-        if (!f || !data || ferror(f)) return fprintf(stderr, "%s: cannot read\n", argv[i]), 1;
-        fclose(f);
-        LLVMFuzzerTestOneInput(data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
 #endif

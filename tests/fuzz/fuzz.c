@@ -14,6 +14,10 @@
 // The contract under test: every input either succeeds or fails with a message, never a crash,
 // an out-of-bounds access, undefined behaviour or an exit.
 #define _GNU_SOURCE
+#if defined(FUZZ_ENCODE)
+#define REPLAY_INIT LLVMFuzzerInitialize   // the replay loads the tokenizer first too
+#endif
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,19 +35,6 @@
 #include "../../run.c"
 #include "../ref_encode.h"
 #endif
-
-// The bytes as an anonymous in-memory file: the loaders take paths, as the programs do.
-static int bytes_as_file(const uint8_t *data, size_t size, char path[64]) {
-    int fd = memfd_create("fuzz-input", 0);
-    if (fd < 0) abort();
-    for (size_t at = 0; at < size;) {
-        ssize_t n = write(fd, data + at, size - at);
-        if (n <= 0) abort();
-        at += (size_t)n;
-    }
-    snprintf(path, 64, "/proc/self/fd/%d", fd);
-    return fd;
-}
 
 // A failure must say which file it was about.
 static void expect_message(const char *err, const char *path) {
@@ -172,28 +163,4 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 }
 #else
 #error "define one FUZZ_<TARGET>"
-#endif
-
-#ifdef FUZZ_REPLAY
-// Without libFuzzer (a gcc build for the normal test run): each file named on the command line
-// goes through the target once; a finding aborts under the sanitizers.
-int main(int argc, char **argv) {
-#if defined(FUZZ_ENCODE)
-    LLVMFuzzerInitialize(&argc, &argv);
-#endif
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        uint8_t *data = malloc((size_t)1 << 24);
-        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
-        if (!f || !data || ferror(f)) {
-            fprintf(stderr, "%s: cannot read\n", argv[i]);
-            return 1;
-        }
-        fclose(f);
-        LLVMFuzzerTestOneInput(data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
 #endif

@@ -2,10 +2,10 @@
 // gguf_open on any bytes either succeeds or fails with one line naming the file, never a crash,
 // an out-of-bounds read, undefined behaviour or an unbounded allocation; a file that opens can be
 // read in full: every metadata value, every string, every row of every tensor.
-// Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iengine \
-//            tests/fuzz/gguf_target.c engine/gguf.c -o fuzz_gguf
-// Run:   ./fuzz_gguf -dict=tests/fuzz/gguf.dict CORPUS_DIR tests/data/gguf
+// Built by `make tests/fuzz/fuzz_gguf` and run by `make fuzz` (tests/fuzz/fuzz.sh: gguf.dict, the
+// corpus seeded with tests/data/gguf).
 #define _GNU_SOURCE
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,19 +15,6 @@
 
 #include "gguf.h"
 #include "model.h"   // ERR_LEN
-
-// The bytes as an anonymous in-memory file: gguf_open takes a path, as the programs do.
-static int bytes_as_file(const uint8_t *data, size_t size, char path[64]) {
-    int fd = memfd_create("gguf-input", 0);
-    if (fd < 0) abort();
-    for (size_t at = 0; at < size;) {
-        ssize_t n = write(fd, data + at, size - at);
-        if (n <= 0) abort();
-        at += (size_t)n;
-    }
-    snprintf(path, 64, "/proc/self/fd/%d", fd);
-    return fd;
-}
 
 static void expect(int ok, const char *what) {
     if (!ok) {
@@ -98,20 +85,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     close(fd);
     return 0;
 }
-
-#ifdef FUZZ_REPLAY
-// gcc builds without libFuzzer: each file named on the command line is run once.
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        uint8_t *data = malloc((size_t)1 << 24);
-        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
-        if (!f || !data || ferror(f)) return fprintf(stderr, "%s: cannot read\n", argv[i]), 1;
-        fclose(f);
-        LLVMFuzzerTestOneInput(data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
-#endif

@@ -4,7 +4,7 @@
 // NUL-terminated at its length, every number finite, every key found by json_get), written back
 // as JSON and parsed again: the second tree must equal the first.
 //   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iengine tests/fuzz/json_target.c engine/json.c engine/util.c -lm
-// With -DFUZZ_REPLAY (gcc, no libFuzzer) each file named on the command line is run once.
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,19 +113,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(b.s);
     return 0;
 }
-
-#ifdef FUZZ_REPLAY
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        uint8_t *data = malloc((size_t)1 << 24);
-        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
-        if (!f || !data || ferror(f)) return fprintf(stderr, "%s: cannot read\n", argv[i]), 1;
-        fclose(f);
-        LLVMFuzzerTestOneInput(data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
-#endif

@@ -6,8 +6,8 @@
 //   first byte odd:  a sharded directory: u16 L, L bytes of model.safetensors.index.json, u16 M,
 //                    M bytes of shard "1.safetensors", the rest shard "2.safetensors"
 //   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iengine tests/fuzz/safetensors_target.c engine/safetensors.c engine/json.c engine/util.c -lm
-// With -DFUZZ_REPLAY (gcc, no libFuzzer) each file named on the command line is run once.
 #define _GNU_SOURCE
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,19 +108,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     open_and_read(dir, dir);
     return 0;
 }
-
-#ifdef FUZZ_REPLAY
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        uint8_t *data = malloc((size_t)1 << 24);
-        size_t size = f && data ? fread(data, 1, (size_t)1 << 24, f) : 0;
-        if (!f || !data || ferror(f)) return fprintf(stderr, "%s: cannot read\n", argv[i]), 1;
-        fclose(f);
-        LLVMFuzzerTestOneInput(data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
-#endif

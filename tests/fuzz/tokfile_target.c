@@ -11,7 +11,7 @@
 //       engine/tokenizer_json.c engine/unicode.c engine/json.c engine/safetensors.c engine/gguf.c
 //       engine/model.c engine/util.c -lm
 //   ./fuzz_tokfile -max_total_time=60 -max_len=65536 corpus/
-// With -DFUZZ_REPLAY (gcc, no libFuzzer) it is a program that runs each file named once.
+#include "harness.h"   // bytes_as_file; main for -DFUZZ_REPLAY
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,19 +45,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tokfile_free(&t);
     return 0;
 }
-
-#ifdef FUZZ_REPLAY
-// gcc builds without libFuzzer: each file named on the command line is run once.
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        size_t size;
-        char err[ERR_LEN];
-        char *data = read_file(argv[i], (size_t)1 << 30, &size, err);
-        if (!data) return fprintf(stderr, "%s\n", err), 1;
-        LLVMFuzzerTestOneInput((const uint8_t *)data, size);
-        free(data);
-    }
-    printf("replayed %d inputs\n", argc - 1);
-    return 0;
-}
-#endif
