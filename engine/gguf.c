@@ -2,6 +2,7 @@
 // each supported block type, then the parser, which validates the whole file before use, and the
 // metadata lookups.
 #include "gguf.h"
+#include "half.h"   // f16_to_f32, bf16_to_f32: exact (a signalling NaN comes back quiet)
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,26 +32,6 @@ static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t le32(const uint8_t *p) { return (uint32_t)le16(p) | (uint32_t)le16(p + 2) << 16; }
 static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
 
-static float bits_to_float(uint32_t bits) {
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-// IEEE half to float, exact: rebias the exponent (15 -> 127), widen the mantissa (10 -> 23 bits).
-// Subnormal halves, mant * 2^-24, are normal floats. A signalling NaN comes back quiet, as from
-// ggml's conversions (x86's F16C and its portable fallback both quiet it).
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    if (exp == 0x1f) return bits_to_float(sign | 0x7f800000 | (mant ? 0x400000 : 0) | mant << 13);
-    if (exp) return bits_to_float(sign | (exp + 112) << 23 | mant << 13);
-    float f = (float)mant * 0x1p-24f;
-    return sign ? -f : f;
-}
-
-// BF16 is the top half of a float.
-static float bf16_to_float(uint16_t h) { return bits_to_float((uint32_t)h << 16); }
-
 // ----------------------------------------------------------------------------
 // Dequantization, one function per block type: nb blocks at b -> nb * block_size floats at y.
 // The layouts are ggml's (ggml-common.h); d, m, dmin are FP16; QK_K = 256.
@@ -58,18 +39,18 @@ static float bf16_to_float(uint16_t h) { return bits_to_float((uint32_t)h << 16)
 static void deq_f32(const uint8_t *b, float *y, int64_t nb) { memcpy(y, b, (size_t)nb * 4); }
 
 static void deq_f16(const uint8_t *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++) y[i] = half_to_float(le16(b + 2 * i));
+    for (int64_t i = 0; i < nb; i++) y[i] = f16_to_f32(le16(b + 2 * i));
 }
 
 static void deq_bf16(const uint8_t *b, float *y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++) y[i] = bf16_to_float(le16(b + 2 * i));
+    for (int64_t i = 0; i < nb; i++) y[i] = bf16_to_f32(le16(b + 2 * i));
 }
 
 // Q4_0 (18 bytes / 32): d, qs[16]. Weight j < 16 is the low nibble of qs[j], j + 16 the high one;
 // w = (nibble - 8) * d.
 static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 18, y += 32) {
-        float d = half_to_float(le16(b));
+        float d = f16_to_f32(le16(b));
         for (int j = 0; j < 16; j++) {
             y[j] = ((b[2 + j] & 0x0f) - 8) * d;
             y[j + 16] = ((b[2 + j] >> 4) - 8) * d;
@@ -80,7 +61,7 @@ static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
 // Q4_1 (20 bytes / 32): d, m, qs[16]; nibbles as Q4_0, w = nibble * d + m.
 static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 20, y += 32) {
-        float d = half_to_float(le16(b)), m = half_to_float(le16(b + 2));
+        float d = f16_to_f32(le16(b)), m = f16_to_f32(le16(b + 2));
         for (int j = 0; j < 16; j++) {
             y[j] = (b[4 + j] & 0x0f) * d + m;
             y[j + 16] = (b[4 + j] >> 4) * d + m;
@@ -92,7 +73,7 @@ static void deq_q4_1(const uint8_t *b, float *y, int64_t nb) {
 // w = (q5 - 16) * d.
 static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 22, y += 32) {
-        float d = half_to_float(le16(b));
+        float d = f16_to_f32(le16(b));
         uint32_t qh = le32(b + 2);
         for (int j = 0; j < 16; j++) {
             int lo = (b[6 + j] & 0x0f) | ((qh >> j) & 1) << 4, hi = (b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
@@ -105,7 +86,7 @@ static void deq_q5_0(const uint8_t *b, float *y, int64_t nb) {
 // Q5_1 (24 bytes / 32): d, m, qh, qs[16]; w = q5 * d + m.
 static void deq_q5_1(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 24, y += 32) {
-        float d = half_to_float(le16(b)), m = half_to_float(le16(b + 2));
+        float d = f16_to_f32(le16(b)), m = f16_to_f32(le16(b + 2));
         uint32_t qh = le32(b + 4);
         for (int j = 0; j < 16; j++) {
             int lo = (b[8 + j] & 0x0f) | ((qh >> j) & 1) << 4, hi = (b[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
@@ -118,7 +99,7 @@ static void deq_q5_1(const uint8_t *b, float *y, int64_t nb) {
 // Q8_0 (34 bytes / 32): d, int8 qs[32]; w = q * d.
 static void deq_q8_0(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 34, y += 32) {
-        float d = half_to_float(le16(b));
+        float d = f16_to_f32(le16(b));
         for (int j = 0; j < 32; j++) y[j] = (int8_t)b[2 + j] * d;
     }
 }
@@ -142,7 +123,7 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 // w = (d * scale) * nibble - dmin * min.
 static void deq_q4_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 144) {
-        float d = half_to_float(le16(b)), dmin = half_to_float(le16(b + 2));
+        float d = f16_to_f32(le16(b)), dmin = f16_to_f32(le16(b + 2));
         const uint8_t *q = b + 16;
         for (int k = 0; k < 4; k++, q += 32, y += 64) {
             int sc0, m0, sc1, m1;
@@ -159,7 +140,7 @@ static void deq_q4_k(const uint8_t *b, float *y, int64_t nb) {
 // qh[l]: bit 2k for the low nibbles of chunk k, bit 2k + 1 for the high ones.
 static void deq_q5_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 176) {
-        float d = half_to_float(le16(b)), dmin = half_to_float(le16(b + 2));
+        float d = f16_to_f32(le16(b)), dmin = f16_to_f32(le16(b + 2));
         const uint8_t *qh = b + 16, *q = b + 48;
         for (int k = 0; k < 4; k++, q += 32, y += 64) {
             int sc0, m0, sc1, m1;
@@ -178,7 +159,7 @@ static void deq_q5_k(const uint8_t *b, float *y, int64_t nb) {
 // scales[l / 16 + 2 s]; w = (d * scale) * (q6 - 32).
 static void deq_q6_k(const uint8_t *b, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, b += 210) {
-        float d = half_to_float(le16(b + 208));
+        float d = f16_to_f32(le16(b + 208));
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, y += 128)
@@ -285,7 +266,7 @@ int gguf_read_row_q8_0(const GgufTensor *t, int64_t row, float *scales, int8_t *
     if (row_check(t, row, GGML_TYPE_Q8_0, err)) return -1;
     const uint8_t *b = (const uint8_t *)t->data + (size_t)row * t->row_bytes;
     for (int64_t i = 0; i < t->ne[0] / GGML_QK8_0; i++, b += 34) {
-        scales[i] = half_to_float(le16(b));
+        scales[i] = f16_to_f32(le16(b));
         memcpy(q + i * GGML_QK8_0, b + 2, GGML_QK8_0);
     }
     return 0;
@@ -650,7 +631,7 @@ int gguf_kv_int(const GgufKV *kv, uint64_t i, int64_t *out) {
 int gguf_kv_float(const GgufKV *kv, uint64_t i, double *out) {
     if (!kv || i >= kv->n) return -1;
     const uint8_t *p = kv->at;
-    if (kv->elem_type == GGUF_TYPE_FLOAT32) *out = bits_to_float(le32(p + 4 * i));
+    if (kv->elem_type == GGUF_TYPE_FLOAT32) *out = bits_to_f32(le32(p + 4 * i));
     else if (kv->elem_type == GGUF_TYPE_FLOAT64) {
         uint64_t bits = le64(p + 8 * i);
         memcpy(out, &bits, 8);
