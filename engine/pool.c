@@ -2,8 +2,8 @@
 // single atomic word (generation, parts, next part), by the workers and by the caller alike: a
 // worker that the OS has descheduled holds no part it has not claimed, and the caller does the
 // rest itself instead of waiting for it. A decode step hands out dozens of jobs a millisecond,
-// so idle threads first spin on that word for a while (a sleeping thread takes tens of
-// microseconds to wake) and only then sleep on a condition variable.
+// so idle threads first spin on that word for a while (waking a sleeping thread costs more than
+// a job's gap: bench/NOTES.md 36) and only then sleep on a condition variable.
 #define _GNU_SOURCE   // sched_getaffinity
 #include "pool.h"
 
