@@ -251,7 +251,7 @@ end_section
 # 4a. imported models' tokenizers and chat, on the tiny fixtures (tests/fixtures): --tokenize gives
 #     Hugging Face tokenizers' ids; a piped chat runs its turns and ends with a message at -n
 section "imported models: tokenizers, chat"
-for case in llama_basic llama3_scaled mistral qwen2; do
+for case in llama_basic llama3_scaled mistral qwen2 mistral_spm; do
     REF=tests/fixtures/hf/$case/refs/ref.txt
     $QUANTIZE tests/fixtures/hf/$case "$tmp/$case.bin" > "$tmp/q.out" 2> "$tmp/err" || { bad "$case: import" "$(cat "$tmp/err")"; continue; }
     bos=$(awk '$1 == "tokenizer:" { for (i = 1; i < NF; i++) if ($i == "bos") { sub(/,/, "", $(i+1)); print $(i+1) } }' "$tmp/q.out")

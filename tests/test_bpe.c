@@ -401,6 +401,7 @@ static const TokExpect tok_expect[] = {
     {"llama3_scaled", 376, 380, 380, 1, CHAT_LLAMA3, NULL},
     {"qwen2", -1, 351, 351, 0, CHAT_CHATML, "You are a helpful assistant."},
     {"qwen2_f16", -1, 351, 351, 0, CHAT_CHATML, "You are a helpful assistant."},
+    {"mistral_spm", 1, 2, 2, 1, CHAT_MISTRAL, NULL},
     {"SmolLM2-135M-Instruct", 1, 2, 2, 0, CHAT_CHATML, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
 };
 

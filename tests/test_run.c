@@ -23,6 +23,7 @@
 #include "model.h"
 #include "reference.h"
 #include "sampler.h"
+#include "text.h"
 #include "tokenizer.h"
 #include "util.h"
 #include "vec.h"
@@ -1108,8 +1109,51 @@ static void test_import(const char *input, const char *refs, const char *flags, 
     free_model(&m);
 }
 
+// Whether ids[0..n) holds want[0..m) at offset at.
+static int ids_at(const int *ids, int n, int at, const int *want, int m) {
+    return at >= 0 && at + m <= n && !memcmp(ids + at, want, (size_t)m * sizeof(int));
+}
+
+// The chat turns as -m chat feeds them (run.c: the first turn with the system prompt, the reply's
+// end token, the next turn) against transformers' apply_chat_template over system, user,
+// assistant, user (refs chat_ids): the reference must begin with our first turn and end with the
+// end token and our second turn. The reply between them is the model's own tokens.
+static void test_chat_format(const char *dir, const char *system) {
+    char name[300], ref_txt[400], err[ERR_LEN];
+    snprintf(name, sizeof name, "chat format of %s == apply_chat_template's ids", dir);
+    snprintf(ref_txt, sizeof ref_txt, "%s/refs/ref.txt", dir);
+    char *out = tpath("chat.bin");
+    if (sh("./quantize %s %s > %s 2>&1", dir, out, tpath("import.log"))) return check(0, name, "quantize failed");
+    int want[256], n_want = ref_ints(ref_txt, "chat_ids", want, 256);
+    Model m;
+    Text t;
+    if (load_model(out, &m, err)) return check(0, name, "%s", err);
+    if (n_want < 1 || text_open(&t, &m, NULL, err)) return free_model(&m), check(0, name, "no chat_ids in %s, or %s", ref_txt, err);
+    char first[512], next[512];
+    int *a = NULL, *b = NULL, na = 0, nb = 0, end = t.eot_id >= 0 ? t.eot_id : t.eos_id;
+    const int ok = text_chat_turn(t.chat, 1, system, "What is a clock?", first, sizeof first) > 0 &&
+                   text_chat_turn(t.chat, 0, system, "Who repairs it?", next, sizeof next) > 0 &&
+                   !text_encode(&t, first, 1, &a, &na, err) && !text_encode(&t, next, 0, &b, &nb, err);
+    check(ok && ids_at(want, n_want, 0, a, na) && ids_at(want, n_want, n_want - nb, b, nb) && na + nb + 1 < n_want &&
+              want[n_want - nb - 1] == end,
+          name, "%s format: first turn %d ids, next %d, end id %d, against %d reference ids", chat_name(t.chat), na, nb, end, n_want);
+    free(a), free(b);
+    text_close(&t);
+    free_model(&m);
+}
+
+static void test_chat_formats(void) {
+    static const char *const with_system[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2"};
+    char dir[256];
+    for (size_t i = 0; i < sizeof with_system / sizeof with_system[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/hf/%s", with_system[i]);
+        test_chat_format(dir, "You are a helpful assistant.");
+    }
+    test_chat_format("tests/fixtures/hf/mistral_spm", NULL);   // Mistral v0.1's template refuses a system message
+}
+
 static void test_imports(void) {
-    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16"};
+    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16", "mistral_spm"};
     char dir[256], refs[300];
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         snprintf(dir, sizeof dir, "tests/fixtures/hf/%s", hf[i]);
@@ -1119,6 +1163,7 @@ static void test_imports(void) {
         // logits; what INT8 does to real models is measured by perplexity (tests/run_tests.sh)
         test_import(dir, refs, "", 5e-2, hf[i]);
     }
+    test_chat_formats();
     // transformers 4's form of the same config (rope_theta and rope_scaling, not rope_parameters)
     const char *legacy = tpath("legacy");
     if (!sh("mkdir -p %s && cp tests/fixtures/hf/llama3_scaled/config.legacy.json %s/config.json && "
@@ -2011,7 +2056,7 @@ static void test_gpu_import(const char *input, const char *refs, const char *fla
 // H200 under 1e-6), 3e-3 with FP16 K and V (measured under 8e-4); INT8 of float weights 5e-2, the
 // CPU's (these random models turn its rounding into several % of their small logits).
 static void test_gpu_imports(void) {
-    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16"};
+    static const char *const hf[] = {"llama_basic", "llama3_scaled", "mistral", "qwen2", "llama_bf16", "qwen2_f16", "mistral_spm"};
     static const char *const gguf[] = {"llama_basic.f32", "llama_basic.q8_0", "llama3_scaled.q8_0", "qwen2.f16"};
     const double exact[2] = {1e-3, 3e-3}, int8[2] = {5e-2, 5e-2};
     char dir[256], refs[300];
