@@ -325,6 +325,21 @@ else
         else bad "smollm2 prompt $i: fp32 greedy text == transformers'" "wanted \"$(tail -c 120 "$tmp/want$i.txt")\", got \"$(head -c "$(wc -c < "$tmp/want$i.txt")" "$tmp/greedy$i.txt" | tail -c 120)\""; fi
     done
     fi
+    # the same model as a Hugging Face directory that transformers saved from the GGUF
+    # (make_fixtures.py --smollm2 auto --smollm2-save DIR; 517 MB, not fetched by make models):
+    # FP32 perplexity equal to the GGUF's on the references' texts (they hold no digits, where the
+    # two tokenizers differ by design)
+    SMOL_HF=${SMOLLM2_HF:-models/smollm2/hf}
+    if [ ! -f "$SMOL_HF/config.json" ]; then skp "smollm2: Hugging Face directory against the GGUF" "$SMOL_HF not present (SMOLLM2_HF=DIR)"
+    elif [ -n "${REAL_QUICK:-}" ]; then skp "smollm2: Hugging Face directory against the GGUF" "REAL_QUICK"
+    elif $QUANTIZE "$SMOL_HF" "$tmp/smol.hf.bin" --fp32 > /dev/null 2> "$tmp/err"; then
+        for i in 0 1 2; do
+            a=$($RUN "$tmp/smol.f32.bin" --ppl "$tmp/text$i.txt" --device cpu 2> /dev/null | awk '{ print $2 }')
+            b=$($RUN "$tmp/smol.hf.bin" --ppl "$tmp/text$i.txt" --device cpu 2> /dev/null | awk '{ print $2 }')
+            if close_to "$b" "$a" 1e-4; then ok "smollm2 text $i: fp32 perplexity of the Hugging Face directory $b == the GGUF's $a (1e-4)"
+            else bad "smollm2 text $i: fp32 perplexity of the Hugging Face directory == the GGUF's" "$b vs $a"; fi
+        done
+    else bad "smollm2: import of $SMOL_HF" "$(cat "$tmp/err")"; fi
     # chat: two turns piped; the KV cache carries the first into the second
     printf 'What is the capital of France?\nAnd of Italy?\n' | $RUN "$tmp/smol.q64.bin" -m chat -t 0 -n 400 --device cpu > "$tmp/chat.txt" 2> "$tmp/err"
     if [ $? -eq 0 ] && [ "$(grep -c '^Assistant: ' "$tmp/chat.txt")" -eq 2 ] && grep -q 'Paris' "$tmp/chat.txt" && grep -q 'Rome' "$tmp/chat.txt"; then
