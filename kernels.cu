@@ -11,6 +11,7 @@
 //   cuda/attention.cuh     RoPE + KV store, split attention and its combine step
 //   cuda/sampling.cuh      the greedy argmax and llama2.c's sampling
 //   cuda/linear.cuh        gpu_linear: a linear layer on the chosen kernel; the cuBLAS baselines
+//   cuda/megakernel.cuh    a whole decode step as one persistent kernel (sm_90a)
 //   cuda/context.cuh       context, memory, the step's inputs, CUDA graphs
 // Every kernel may start while the one before it drains (PDL), and waits (griddepcontrol.wait)
 // before it touches anything that kernel writes or reads. The step's position and token ids live
@@ -35,4 +36,5 @@
 #include "cuda/attention.cuh"
 #include "cuda/sampling.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/megakernel.cuh"
 #include "cuda/context.cuh"

@@ -417,7 +417,8 @@ static const Switch switches[] = {
     {"--no-pdl", offsetof(GpuOptions, pdl), 0},                  {"--pdl", offsetof(GpuOptions, pdl), 1},
     {"--tma-gemv", offsetof(GpuOptions, tma_gemv), 1},           {"--no-tma-gemv", offsetof(GpuOptions, tma_gemv), 0},
     {"--no-tc", offsetof(GpuOptions, tensor_cores), 0},          {"--no-norm-fold", offsetof(GpuOptions, no_norm_fold), 1},
-    {"--host-sample", offsetof(GpuOptions, host_sample), 1},
+    {"--host-sample", offsetof(GpuOptions, host_sample), 1},     {"--megakernel", offsetof(GpuOptions, megakernel), 1},
+    {"--no-megakernel", offsetof(GpuOptions, megakernel), 0},
 };
 
 static int set_switch(GpuOptions *o, const char *f) {
@@ -533,6 +534,8 @@ static const char usage_text[] =
     "                   (default: on from 4 GB of weights per token)\n"
     "  --no-norm-fold   GPU: every RMSNorm as a kernel of its own, not folded into the next GEMV\n"
     "  --host-sample    GPU: draw sampled tokens on the host (the logits cross to it), not the GPU\n"
+    "  --megakernel, --no-megakernel  GPU: a decode step of an INT8 model as one persistent kernel\n"
+    "                   (H100/H200) or a kernel per matrix (default: per matrix)\n"
     "  -h, --help       this text\n";
 
 static void usage(const char *why) {

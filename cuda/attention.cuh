@@ -9,17 +9,20 @@ namespace {
 // KV cache elements: FP16 (default) or FP32; loads return floats.
 __device__ __forceinline__ void kv_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void kv_store(__half *p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ float2 kv_load2(const float *p) { return __ldg(reinterpret_cast<const float2 *>(p)); }
+// Loads of the cache go through L2 (ld.global.cg), never a possibly stale L1 line: in the
+// megakernel (megakernel.cuh) other SMs write the step's own rows while the kernel runs.
+__device__ __forceinline__ float2 kv_load2(const float *p) { return __ldcg(reinterpret_cast<const float2 *>(p)); }
 __device__ __forceinline__ float2 kv_load2(const __half *p) {
-    return __half22float2(__ldg(reinterpret_cast<const __half2 *>(p)));
+    const unsigned int raw = __ldcg(reinterpret_cast<const unsigned int *>(p));
+    return __half22float2(*reinterpret_cast<const __half2 *>(&raw));
 }
 // q . k over 16 bytes of k: 4 FP32 or 8 FP16 elements (16-byte aligned).
 __device__ __forceinline__ float dot_16_bytes(const float *qs, const float *k) {
-    const float4 v = __ldg(reinterpret_cast<const float4 *>(k));
+    const float4 v = __ldcg(reinterpret_cast<const float4 *>(k));
     return qs[0] * v.x + qs[1] * v.y + qs[2] * v.z + qs[3] * v.w;
 }
 __device__ __forceinline__ float dot_16_bytes(const float *qs, const __half *k) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(k));
+    const uint4 raw = __ldcg(reinterpret_cast<const uint4 *>(k));
     const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
     float sc = 0.0f;
 #pragma unroll
@@ -95,13 +98,13 @@ struct KvUnit {
 template <typename KV, int kElems>
 __device__ __forceinline__ void kv_unit_load(KvUnit<KV, kElems> &u, const KV *p) {
     if constexpr (KvUnit<KV, kElems>::kWords == 4) {
-        const uint4 r = __ldg(reinterpret_cast<const uint4 *>(p));
+        const uint4 r = __ldcg(reinterpret_cast<const uint4 *>(p));
         u.w[0] = r.x, u.w[1] = r.y, u.w[2] = r.z, u.w[3] = r.w;
     } else if constexpr (KvUnit<KV, kElems>::kWords == 2) {
-        const uint2 r = __ldg(reinterpret_cast<const uint2 *>(p));
+        const uint2 r = __ldcg(reinterpret_cast<const uint2 *>(p));
         u.w[0] = r.x, u.w[1] = r.y;
     } else {
-        u.w[0] = __ldg(reinterpret_cast<const unsigned int *>(p));
+        u.w[0] = __ldcg(reinterpret_cast<const unsigned int *>(p));
     }
 }
 // acc += a * unit, element by element.
@@ -131,8 +134,8 @@ __device__ __forceinline__ void kv_unit_fma(float acc[kElems], float a, const Kv
 constexpr int kAttnBatch = 8;
 template <typename KV, int kElems>
 __device__ __forceinline__ int weighted_values(float *vacc, const float *att, const KV *v, int kv_dim, int t0, int t1,
-                                               int hs) {
-    const int units = hs / kElems, groups = blockDim.x / units, g = threadIdx.x / units, u = threadIdx.x % units;
+                                               int hs, int threads) {
+    const int units = hs / kElems, groups = threads / units, g = threadIdx.x / units, u = threadIdx.x % units;
     if (g >= groups) return groups;
     float acc[kElems];
 #pragma unroll
@@ -206,8 +209,9 @@ attention_kernel(float *__restrict__ out, float *__restrict__ part, const float 
     }
     sum = block_reduce<false>(sum, red);   // its barriers also publish att
     constexpr int kPer16 = 16 / sizeof(KV);
-    const int groups = head_size % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size)
-                                               : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size);
+    const int groups = head_size % kPer16 == 0
+                           ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size, blockDim.x)
+                           : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size, blockDim.x);
     __syncthreads();
     for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
         float total = 0.0f;

@@ -138,14 +138,26 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int b
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
+// One arrival on bar once all of this thread's cp.async copies so far have landed (counted in the
+// barrier's arrivals: noinc).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
 // mbarrier and bulk copy (the copy engine; its writes are in the async proxy that wgmma reads).
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
+// A barrier whose phase completes after `arrivals` arrivals (and the bytes they expect).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int arrivals = 1) {
 #if WG_SM90A
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+#endif
+}
+// One arrival, no bytes.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if WG_SM90A
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #endif
 }
 __device__ __forceinline__ void mbar_init_fence() {

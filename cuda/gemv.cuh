@@ -150,7 +150,7 @@ __device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &
     for (int r = 0; r < R; r++) {
         if (row0 + r >= o.N) break;
         float *dst = o.y + (size_t)m * o.N + row0 + r;
-        *dst = a.accumulate ? *dst + v[r] : v[r];
+        *dst = a.accumulate ? __ldcg(dst) + v[r] : v[r];   // L2: other SMs may have written it in this kernel (megakernel)
     }
 }
 

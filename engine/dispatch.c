@@ -49,5 +49,6 @@ void resolve_gpu_options(GpuOptions *opt, double weight_bytes_per_token) {
     if (opt->tma_gemv == GPU_AUTO) opt->tma_gemv = weight_bytes_per_token >= COPY_GEMV_MIN_BYTES;
     opt->tma_gemv = opt->tma_gemv && gpu_has_sm90a();
     if (opt->pdl == GPU_AUTO) opt->pdl = weight_bytes_per_token < PDL_MAX_BYTES || opt->tma_gemv;
+    if (opt->megakernel == GPU_AUTO) opt->megakernel = 0;
 }
 #endif

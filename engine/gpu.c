@@ -27,6 +27,7 @@ typedef struct {
     GpuGraph *batch_graph;      // the captured step of a batch (forward_batch) of batch_graph_B sequences
     int batch_graph_B;
     GpuGraph **capture_into;    // while a step is being captured: &graph or &batch_graph; else NULL
+    GpuMega *mega;              // the decode step as one kernel (--megakernel), or NULL: per matrix
     int decode_step;            // this step is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
     unsigned used[2];           // bit k: LinearKernel k served a call of one token [0], of more [1]
@@ -138,13 +139,23 @@ static void gpu_op_describe_run(const Exec *e, char *buf, size_t n) {
 // a batch's step (one token of each of M sequences at one position): every launch in it reads the
 // position and tokens from device memory too, and a generation's batches are all of one size
 // (a graph for another size replaces it).
+static void gpu_op_end(Exec *e);
+
+// The decode step as one kernel, then the argmax (gpu_op_end, which also ends a capture).
+static StepStart run_mega(Exec *e) {
+    gpu_mega_launch(GPU(e)->ctx, GPU(e)->mega);
+    gpu_op_end(e);
+    return STEP_ALREADY_RAN;
+}
+
 static StepStart gpu_op_begin(Exec *e, const int *tokens, const Step *st, int all_logits) {
     GpuExec *g = GPU(e);
     gpu_set_inputs(g->ctx, tokens, st->M, st->pos);
     const int batch_step = st->layout == ONE_TOKEN_PER_SEQUENCE;
     g->decode_step = st->M == 1 && !all_logits && !batch_step;
     g->argmax_ready = 0;
-    if (!g->opt.use_graph || !(g->decode_step || batch_step)) return RUN_THE_OPS;
+    const StepStart ops = g->decode_step && g->mega ? STEP_ALREADY_RAN : RUN_THE_OPS;
+    if (!g->opt.use_graph || !(g->decode_step || batch_step)) return ops == STEP_ALREADY_RAN ? run_mega(e) : ops;
     if (batch_step && g->batch_graph && g->batch_graph_B != st->M) {
         gpu_graph_free(g->batch_graph);
         g->batch_graph = NULL;
@@ -158,7 +169,7 @@ static StepStart gpu_op_begin(Exec *e, const int *tokens, const Step *st, int al
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
     g->capture_into = batch_step ? &g->batch_graph : &g->graph;
     if (batch_step) g->batch_graph_B = st->M;
-    return RUN_THE_OPS;
+    return ops == STEP_ALREADY_RAN ? run_mega(e) : ops;
 }
 
 static void gpu_op_end(Exec *e) {
@@ -258,6 +269,7 @@ static void gpu_op_release(Exec *e) {
     gpu_sync(g->ctx);
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
     if (g->graph) gpu_graph_free(g->graph);
+    gpu_mega_free(g->mega);
     if (g->batch_graph) gpu_graph_free(g->batch_graph);
     gpu_free(g->d_map);
     if (g->d_owned) gpu_free(g->d_owned);
@@ -367,6 +379,42 @@ static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
     gpu_sync(g->ctx);
 }
 
+// The decode step's schedule for the megakernel: the embedding row; per layer q, k and v (norm,
+// biases, RoPE and the KV store folded in), attention, the output projection (+ residual), w1 and
+// w3 with the SwiGLU (norm folded), w2 (+ residual); the classifier (final norm folded). The same
+// calls, on the same buffers, as the per-matrix path's decode step.
+static GpuMega *make_mega(Exec *e, char *why) {
+    const Config *p = &e->cfg;
+    const Weights *w = e->w;
+    RunState *s = &e->s;
+    const Step step = {ONE_SEQUENCE, 1, 0};
+    const size_t dim = (size_t)p->dim;
+    MegaStage *st = xcalloc(2 + 5 * (size_t)p->n_layers, sizeof(MegaStage));
+    int n = 0;
+    st[n++] = (MegaStage){.kind = MEGA_EMBED, .embedding = &w->tok_embedding, .x = s->x};
+    for (int l = 0; l < p->n_layers; l++) {
+        LinearCall qkv = {.form = LINEAR_QKV_ROPE, .M = 1, .x = s->x, .w = {&w->wq[l], &w->wk[l], &w->wv[l]}, .y = s->q,
+                          .norm_w = w->rms_att + l * dim, .norm_eps = p->norm_eps};
+        qkv.qkv = qkv_rope(e, l, &step);
+        st[n++] = (MegaStage){.kind = MEGA_LINEAR, .linear = qkv};
+        st[n++] = (MegaStage){.kind = MEGA_ATTENTION, .q = s->q, .key_cache = layer_cache(e, s->key_cache, l),
+                              .value_cache = layer_cache(e, s->value_cache, l), .out = s->xb};
+        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
+                              .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->xb, .w = {&w->wo[l]}, .y = s->x, .accumulate = 1}};
+        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
+                              .linear = {.form = LINEAR_SWIGLU, .M = 1, .x = s->x, .w = {&w->w1[l], &w->w3[l]}, .y = s->hb,
+                                         .norm_w = w->rms_ffn + l * dim, .norm_eps = p->norm_eps}};
+        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
+                              .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->hb, .w = {&w->w2[l]}, .y = s->x, .accumulate = 1}};
+    }
+    st[n++] = (MegaStage){.kind = MEGA_LINEAR, .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->x, .w = {&w->wcls}, .y = s->logits,
+                                                          .norm_w = w->rms_final, .norm_eps = p->norm_eps}};
+    const MegaAttention at = {p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len, GPU(e)->opt.kv_half};
+    GpuMega *m = gpu_mega_create(GPU(e)->ctx, st, n, at, why);
+    free(st);
+    return m;
+}
+
 // "gpu int8 fused; CUDA graph, PDL, FP16 KV cache, copy-engine GEMV": the path and its options.
 static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
     const char *path = o->path == PATH_FP16 ? "gpu fp16 cuBLAS (weights converted at load)"
@@ -374,9 +422,14 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
                      : o->path == PATH_UNFUSED ? "gpu int8 unfused (dequant + cuBLAS)"
                                                : "gpu int8 fused";
     const int fused = m->quantized && o->path == PATH_FUSED;
-    snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache%s%s", path, o->use_graph ? "CUDA graph" : "no graph",
+    char mega[160] = "";
+    if (GPU(e)->mega) {
+        strcpy(mega, "; decode megakernel: ");
+        gpu_mega_describe(GPU(e)->mega, mega + strlen(mega), sizeof mega - strlen(mega));
+    }
+    snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache%s%s%s", path, o->use_graph ? "CUDA graph" : "no graph",
              o->pdl ? "PDL" : "no PDL", 8 * e->kv_bytes, o->tma_gemv && fused ? ", copy-engine GEMV" : "",
-             o->no_norm_fold && fused ? ", no norm folding" : "");
+             o->no_norm_fold && fused ? ", no norm folding" : "", mega);
 }
 
 // The widest input of a linear layer (dim, hidden_dim or q_dim: wo's).
@@ -438,8 +491,13 @@ int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     e->n_seqs = n_seqs;
     e->w = &g->w;
     e->priv = g;
-    describe_path(e, m, &opt);
     alloc_state(&e->s, p, kv_bytes, n_seqs, gpu_alloc);
+    if (opt.megakernel && m->quantized && opt.path == PATH_FUSED) {
+        char no[ERR_LEN];
+        g->mega = make_mega(e, no);
+        if (!g->mega) fprintf(stderr, "run: the decode step runs a kernel per matrix: the megakernel cannot run here (%s)\n", no);
+    }
+    describe_path(e, m, &opt);
     return 0;
 }
 #else

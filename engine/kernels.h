@@ -138,6 +138,30 @@ int gpu_sample_supported(int n);
 void gpu_sample_rows(GpuCtx *g, const float *logits, int rows, int n, float temperature, float topp, const float *coins,
                      int *out);
 
+// ---- The decode step of one token as one persistent kernel (cuda/megakernel.cuh, sm_90a): its
+// stages in the step's order, each run once its predecessor is complete. The kernel's schedule is
+// fixed once made; the position and token come from gpu_set_inputs at every launch.
+typedef enum { MEGA_EMBED, MEGA_LINEAR, MEGA_ATTENTION } MegaKind;
+typedef struct {
+    MegaKind kind;
+    LinearCall linear;                     // LINEAR: a call of one token, INT8 weights (any form)
+    const Mat *embedding;                  // EMBED: x (dim) = the row of the step's token
+    float *x;
+    const float *q;                        // ATTENTION: out (n_heads * head_size) = attention of q
+    const void *key_cache, *value_cache;   // (n_heads * head_size) over the layer's caches
+    float *out;
+} MegaStage;
+typedef struct {
+    int n_heads, n_kv_heads, head_size, seq_len, kv_half;
+} MegaAttention;
+typedef struct GpuMega GpuMega;
+// The kernel for this schedule, or NULL with the reason in why where it cannot run it (the GPU,
+// a weight's type or layout, shared memory).
+GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why);
+void gpu_mega_launch(GpuCtx *g, const GpuMega *m);
+void gpu_mega_describe(const GpuMega *m, char *buf, size_t n);
+void gpu_mega_free(GpuMega *m);
+
 #ifdef __cplusplus
 }
 #endif

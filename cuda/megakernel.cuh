@@ -1,0 +1,638 @@
+// megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
+// host side.
+//   mega_kernel                     one block per SM: 8 consumer warps and a producer warp
+//   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
+//                                   its combine step) in the order of the step
+//   gpu_mega_create, gpu_mega_launch, gpu_mega_free
+//
+// The weights of a step do not depend on its activations, only the arithmetic does. So each
+// block owns a fixed list of weight tiles, the same rows of the same matrices at every step, and
+// its producer warp streams them through a ring of shared-memory slots with bulk copies (the copy
+// engine), in the step's order, without ever waiting for an activation: only for a free slot. The
+// next matrix's first tiles are then in flight while the current one finishes, in every block.
+// Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
+// counted all its units done in a counter in global memory (no grid-wide barrier); a block with
+// no unit in a stage goes straight on. Small work (the embedding row, attention, its combine
+// step) is spread over the blocks as units of its own stage; RMSNorm, RoPE, the KV store,
+// biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
+//
+// Deadlock: every block is resident (one per SM, checked on the host), stages are worked in one
+// order by every block, and a consumer waits only on earlier stages, whose units never wait on a
+// later stage; the producer waits only on its own block's consumers, which take tiles in the
+// order it issued them.
+//
+// Memory: activations written by other SMs during the kernel are read through L2 (ld.global.cg:
+// __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
+// the block's consumers, then one thread's fence and atomic add (and read after an acquire load
+// of the counter and a barrier).
+#ifndef MK_SLOTS
+#define MK_SLOTS 8
+#endif
+
+namespace {
+
+// Pipes: a producer warp and a group of 8 consumer warps each, taking every kMkPipes-th tile of
+// the ring (one producer could not keep a block's ring full: bench/NOTES.md).
+#ifndef MK_PIPES
+#define MK_PIPES 2
+#endif
+constexpr int kMkPipes = MK_PIPES, kMkGroupThreads = 256, kMkConsumers = kMkGroupThreads * kMkPipes;
+constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 32 * kMkPipes;
+static_assert(kMkGroupThreads == kTmaThreads, "a consumer thread per 16-byte chunk of a tile row");
+#ifndef MK_BLOCKS
+#define MK_BLOCKS 1
+#endif
+constexpr int kMkMaxSlots = MK_SLOTS, kMkMinSlots = 3, kMkBlocksPerSm = MK_BLOCKS;
+constexpr int kSmemPerSm = 228 * 1024;   // H100/H200: shared memory of an SM, 1 KB of it reserved per block
+// Attention rows per split: at least kMkMinChunk (each consumer thread scores a row, so shorter
+// splits do not finish sooner, and more than one split costs the combine stage), at most
+// kMkMaxChunk (its scores in shared memory).
+constexpr int kMkMinChunk = 512, kMkMaxChunk = 1024;
+constexpr int kMkValueFloats = kMkConsumers * 8;   // weighted_values's groups x hs <= threads x 8
+constexpr int kMkAttnFloats = kMaxHeadSize + kMkValueFloats + kMkMaxChunk;
+enum { MK_EMBED, MK_GEMV, MK_ATTENTION, MK_COMBINE };
+
+struct MkStage {
+    int kind;
+    int units;          // EMBED, GEMV (fixed); ATTENTION and COMBINE: from the position
+    int pair, norm;     // GEMV: w1 and w3 with the SwiGLU; RMSNorm folded (a.norm_w)
+    Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
+    int units_of[3];    // GEMV: units of each output (in order)
+    // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
+    const int8_t *eq;
+    const float *es, *ef;
+    int estride, egroups, egs, dim;
+    float *x;
+    // ATTENTION: out, or the splits' partials, of q over the layer's caches; COMBINE: out
+    const float *q;
+    const void *kc, *vc;
+    float *out;
+};
+
+struct MkParams {
+    const MkStage *stages;
+    int n_stages;
+    unsigned *counters;    // (n_stages + 1): units done per stage, then blocks finished; zero between steps
+    const int *inputs;     // the step's position, then its token
+    float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
+    int n_heads, n_kv_heads, head_size;
+    int slots;             // ring slots: a tile of weights (kTmaTile bytes), then its group scales
+    int slot_bytes;        // kTmaTile + the scales of kTmaRows rows of the smallest group size
+    int scratch_bytes;     // x staged for a linear stage, or one attention unit's floats
+    int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
+    unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, 4) %globaltimer stamps, else NULL
+};
+
+// -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start, after its
+// wait, after x is staged, at its end.
+__device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) {
+#ifdef MK_TRACE
+    if (threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * 4 + k] = t;
+    }
+#endif
+}
+
+__device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kMkConsumers) : "memory"); }
+
+// Sum (or max) over the consumer threads; all of them get it. red: 32 floats of shared memory.
+template <bool kMax>
+__device__ float consumer_reduce(float v, float *red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = kMax ? warp_max(v) : warp_sum(v);
+    consumer_sync();   // red may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    consumer_sync();
+    v = lane < kMkConsumerWarps ? red[lane] : (kMax ? -INFINITY : 0.0f);
+    return kMax ? warp_max(v) : warp_sum(v);
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Splits of the attention at position pos: enough (head, split) units to occupy the grid, each of
+// kMkMinChunk rows or more, kMkMaxChunk or fewer.
+__device__ __forceinline__ int mk_splits(int pos, int n_heads) {
+    const int rows = pos + 1;
+    int s = min(ceil_div_dev(gridDim.x, n_heads), ceil_div_dev(rows, kMkMinChunk));
+    s = max(s, ceil_div_dev(rows, kMkMaxChunk));
+    return max(1, min(s, kMaxSplits));
+}
+
+__device__ __forceinline__ int mk_units(const MkStage &st, int splits, int n_heads) {
+    if (st.kind == MK_ATTENTION) return n_heads * splits;
+    if (st.kind == MK_COMBINE) return splits > 1 ? n_heads : 0;
+    return st.units;
+}
+
+// This block's units of a stage: blockIdx.x, + gridDim.x, ...
+__device__ __forceinline__ int my_units(int units) {
+    return units > (int)blockIdx.x ? ceil_div_dev(units - blockIdx.x, gridDim.x) : 0;
+}
+
+// Unit u of a linear stage: its output, rows and tiles (as q8_gemv_tma_kernel's block).
+__device__ TmaBlock mk_unit(const MkStage &st, int u) {
+    TmaBlock b;
+    b.j = 0;
+    while (b.j < 2 && u >= st.units_of[b.j]) u -= st.units_of[b.j], b.j++;
+    b.lrow0 = u * st.a.tma_rows;
+    b.lrows = min(st.a.tma_rows, st.a.out[b.j].N - b.lrow0);
+    b.prows = st.pair ? 2 * b.lrows : b.lrows;
+    b.col_tiles = ceil_div_dev(st.a.stride, kTmaCols);
+    b.tiles = ceil_div_dev(b.prows, kTmaRows) * b.col_tiles;
+    return b;
+}
+
+// A unit's physical rows (pair mode: w1 r, w3 r, w1 r + 1, ...) as pointers held in registers, so
+// that the tile loops read nothing of the schedule (in global memory) per tile.
+struct MkRows {
+    const int8_t *q0, *q1;   // row lrow0 of the output, or of w1 and of w3
+    const float *s0, *s1;
+    int stride, groups, pair;
+    __device__ const int8_t *q(int p) const {
+        return pair ? (p & 1 ? q1 : q0) + (size_t)(p >> 1) * stride : q0 + (size_t)p * stride;
+    }
+    __device__ const float *s(int p) const {
+        return pair ? (p & 1 ? s1 : s0) + (size_t)(p >> 1) * groups : s0 + (size_t)p * groups;
+    }
+};
+__device__ MkRows mk_rows(const MkStage &st, const TmaBlock &b) {
+    MkRows r;
+    r.pair = st.pair, r.stride = st.a.stride, r.groups = st.a.groups;
+    const Q8Out &o0 = st.pair ? st.a.out[0] : st.a.out[b.j], &o1 = st.a.out[1];
+    r.q0 = o0.q + (size_t)b.lrow0 * r.stride, r.s0 = o0.s + (size_t)b.lrow0 * r.groups;
+    r.q1 = r.pair ? o1.q + (size_t)b.lrow0 * r.stride : r.q0, r.s1 = r.pair ? o1.s + (size_t)b.lrow0 * r.groups : r.s0;
+    return r;
+}
+
+// A ring position: the tile's number in the step, its slot and how many times the ring has
+// wrapped. Tile `count` belongs to pipe count % kMkPipes.
+struct MkRing {
+    int count = 0, slot = 0, round = 0;
+    __device__ void next(int slots) {
+        count++;
+        if (++slot == slots) slot = 0, round++;
+    }
+    __device__ bool mine(int pipe) const { return count % kMkPipes == pipe; }
+};
+
+// ---------------------------------------------------------------- the producer warp
+// Every tile of the block's units, in the step's order, into the next slot of the ring once the
+// consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes, lane r copies its
+// row r; the rows' group scales are asked of L2 at the same time (a lane per line).
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
+    const int lane = threadIdx.x % 32, pipe = (threadIdx.x - kMkConsumers) / 32;
+    MkRing at;
+    for (int s = 0; s < p.n_stages; s++) {
+        const MkStage &st = p.stages[s];
+        if (st.kind != MK_GEMV) continue;
+        const int gs = st.a.gs;
+        for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
+            const TmaBlock b = mk_unit(st, u);
+            const MkRows r = mk_rows(st, b);
+            for (int t = 0; t < b.tiles; t++, at.next(p.slots)) {
+                if (!at.mine(pipe)) continue;
+                const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
+                if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
+                const int p0 = t / b.col_tiles * kTmaRows, c0 = t % b.col_tiles * kTmaCols;
+                const int rows = min(kTmaRows, b.prows - p0), len = min(kTmaCols, r.stride - c0);
+                if (lane == 0) mbar_arrive_expect(bar, rows * len);
+                __syncwarp();
+                if (lane < rows) bulk_copy_counted(dst + lane * kTmaCols, r.q(p0 + lane) + c0, len, bar);
+                // the tile's scales (groups g0 .. g0 + n of each row) into the slot after the weights,
+                // row k's at k * per_row floats; the slot's barrier completes once they have landed too
+                const int g0 = c0 / gs, n = min(r.groups, (c0 + len + gs - 1) / gs) - g0, per_row = kTmaCols / gs;
+                for (int e = lane; e < rows * n; e += 32)
+                    cp_async_4(dst + kTmaTile + 4 * (e / n * per_row + e % n), r.s(p0 + e / n) + g0 + e % n);
+                cp_async_arrive(bar);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- consumers
+// x of a linear stage (K floats, zero to the stride) into x4 as q8_gemv_tma_kernel lays it out
+// (x4[sub * chunks + c] = x[16c + 4sub .. + 4]), copied by cp.async straight from L2 (no register
+// a value, all of it in flight at once); then, with a norm, times the norm weights in place.
+// Returns 1 / rms (1 without a norm). Ends with a barrier.
+__device__ float mk_stage_x(float4 *x4, float *red, const Q8Args &a, bool norm) {
+    const int chunks = a.stride / 16, K = a.K;
+    const float *x = a.x;
+    for (int e = threadIdx.x; e < 4 * chunks; e += kMkConsumers) {   // e: the 4-float piece x[4e ..]
+        const int c = e / 4, sub = e % 4, bytes = max(0, min(16, (K - 4 * e) * 4));
+        cp_async_16((uint32_t)__cvta_generic_to_shared(x4 + sub * chunks + c), bytes ? x + 4 * e : x, bytes);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    consumer_sync();
+    if (!norm) return 1.0f;
+    float sumsq = 0.0f;
+    for (int e = threadIdx.x; e < 4 * chunks && 4 * e < K; e += kMkConsumers) {
+        float4 *v = x4 + e % 4 * chunks + e / 4;
+        float4 xv = *v;
+        const float g[4] = {__ldg(a.norm_w + 4 * e), 4 * e + 1 < K ? __ldg(a.norm_w + 4 * e + 1) : 0.0f,
+                            4 * e + 2 < K ? __ldg(a.norm_w + 4 * e + 2) : 0.0f, 4 * e + 3 < K ? __ldg(a.norm_w + 4 * e + 3) : 0.0f};
+        sumsq += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+        xv.x *= g[0], xv.y *= g[1], xv.z *= g[2], xv.w *= g[3];
+        *v = xv;
+    }
+    const float inv_rms = inv_rms_of(consumer_reduce<false>(sumsq, red), K, a.norm_eps);
+    consumer_sync();
+    return inv_rms;
+}
+
+// One tile from its slot: acc[k] += scale * (row k's chunk . x's chunk) for this thread's chunk
+// (lt: its place in its group; c: the chunk's place in the row), the scales from the slot too.
+__device__ __forceinline__ void mk_tile_math(float acc[kTmaRows], const unsigned char *slot, const float4 *x4, int chunks, int c,
+                                             int lt, int rows, int shift) {
+    if (c >= chunks) return;
+    const float *scales = reinterpret_cast<const float *>(slot + kTmaTile);
+    const int per_row = kTmaCols / 16 >> shift;
+    float xv[16];
+#pragma unroll
+    for (int sub = 0; sub < 4; sub++) {
+        const float4 v = x4[sub * chunks + c];
+        xv[4 * sub] = v.x, xv[4 * sub + 1] = v.y, xv[4 * sub + 2] = v.z, xv[4 * sub + 3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < kTmaRows; k++) {
+        if (k >= rows) break;
+        const int4 w = *reinterpret_cast<const int4 *>(slot + k * kTmaCols + 16 * lt);
+        acc[k] = fmaf(scales[k * per_row + (lt >> shift)], dot16(w, xv), acc[k]);
+    }
+}
+
+// A row tile's sums of this warp added to its row sums (sums: (consumer warps, prows)).
+__device__ __forceinline__ void mk_flush(float acc[kTmaRows], float *sums, int rt, int prows) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < kTmaRows; k++) {
+        const float v = warp_sum(acc[k]);
+        if (lane == 0 && rt * kTmaRows + k < prows) sums[warp * prows + rt * kTmaRows + k] += v;
+        acc[k] = 0.0f;
+    }
+}
+
+// A linear stage's units of this block; at: the ring's position, in step with the producer's.
+__device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
+                          float *red) {
+    float4 *x4 = reinterpret_cast<float4 *>(smem + p.slots * p.slot_bytes);
+    float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
+    const bool pair = st.pair != 0;
+    const int lane = threadIdx.x % 32, chunks = st.a.stride / 16, shift = st.a.group_shift;
+    const int pipe = threadIdx.x / kMkGroupThreads, lt = threadIdx.x % kMkGroupThreads;
+    const float inv_rms = mk_stage_x(x4, red, st.a, st.norm != 0);
+    mk_stamp(p, int(&st - p.stages), 2);
+    for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
+        const TmaBlock b = mk_unit(st, u);
+        for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
+        consumer_sync();
+        float acc[kTmaRows] = {};
+        int cur = -1;   // the row tile acc holds
+        for (int t = 0; t < b.tiles; t++, at.next(p.slots)) {
+            if (!at.mine(pipe)) continue;
+            const int rt = t / b.col_tiles, ct = t - rt * b.col_tiles, rows = min(kTmaRows, b.prows - rt * kTmaRows);
+            if (rt != cur) {
+                if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
+                cur = rt;
+            }
+            const unsigned char *slot = smem + at.slot * p.slot_bytes;
+            mbar_wait(full + 8 * at.slot, at.round & 1);
+#ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
+            mk_tile_math(acc, slot, x4, chunks, ct * kTmaThreads + lt, lt, rows, shift);
+#endif
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8 * at.slot);   // this warp is done with the slot
+        }
+        if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
+        consumer_sync();   // sums complete
+        for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * kMkConsumers) {
+            float v[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                float s0 = 0.0f, s1 = 0.0f;
+                const int pr = pair ? 2 * (l + k) : l + k;
+                if (l + k < b.lrows)
+                    for (int w = 0; w < kMkConsumerWarps; w++) s0 += sums[w * b.prows + pr], s1 += pair ? sums[w * b.prows + pr + 1] : 0.0f;
+                v[k] = finish_output(s0, s1, inv_rms, pair);
+            }
+            store_rows<2>(st.a, b.j, st.a.out[b.j], b.lrow0 + l, 0, v);
+        }
+        consumer_sync();   // sums free for the next unit
+    }
+}
+
+__device__ void mk_embed(const MkParams &p, const MkStage &st) {
+    const size_t row = (size_t)__ldcg(p.inputs + 1);
+    for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
+        const int j = u * kMkConsumers + threadIdx.x;
+        if (j < st.dim) st.x[j] = st.ef ? st.ef[row * st.estride + j] : st.eq[row * st.estride + j] * st.es[row * st.egroups + j / st.egs];
+    }
+}
+
+// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache, as
+// attention_kernel does it; with one split straight into out, else a partial into p.part.
+template <typename KV>
+__device__ void mk_attention_unit(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm,
+                                  float *red) {
+    const int hs = p.head_size, h = unit / splits, split = unit % splits;
+    const int kv_dim = p.n_kv_heads * hs, kv_off = h / (p.n_heads / p.n_kv_heads) * hs;
+    const int t0 = split * chunk, t1 = min(pos + 1, t0 + chunk);
+    const KV *kc = static_cast<const KV *>(st.kc), *vc = static_cast<const KV *>(st.vc);
+    float *qs = sm, *vacc = qs + hs, *att = vacc + kMkValueFloats;
+    float *my_part = p.part + ((size_t)h * splits + split) * (2 + hs);
+    for (int l = threadIdx.x; l < 2 * (t1 - t0); l += kMkConsumers)   // the value rows towards L2 while the keys are scored
+        prefetch_l2(vc + (size_t)(t0 + l / 2) * kv_dim + kv_off + l % 2 * (hs / 2));
+    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
+        for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) my_part[i] = i == 0 ? -INFINITY : 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < hs; i += kMkConsumers) qs[i] = __ldcg(st.q + h * hs + i);
+    consumer_sync();
+    const float inv_sqrt = 1.0f / sqrtf((float)hs);
+    float mx = -INFINITY;
+    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
+        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, hs) * inv_sqrt;
+        att[t - t0] = sc;
+        mx = fmaxf(mx, sc);
+    }
+    mx = consumer_reduce<true>(mx, red);
+    float sum = 0.0f;
+    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
+        const float e = expf(att[t - t0] - mx);
+        att[t - t0] = e;
+        sum += e;
+    }
+    sum = consumer_reduce<false>(sum, red);   // its barriers also publish att
+    constexpr int kPer16 = 16 / sizeof(KV);
+    const int groups = hs % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers)
+                                        : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers);
+    consumer_sync();
+    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
+        float total = 0.0f;
+        for (int g = 0; g < groups; g++) total += vacc[g * hs + d];
+        if (splits == 1) st.out[h * hs + d] = total / sum;
+        else my_part[2 + d] = total;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
+    consumer_sync();   // shared memory free for the next unit
+}
+
+// Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
+__device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, int splits, float *weight, float *red) {
+    const int stride = 2 + p.head_size;
+    const float *part = p.part + (size_t)h * splits * stride;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += kMkConsumers) mx = fmaxf(mx, __ldcg(part + s * stride));
+    const float gmax = consumer_reduce<true>(mx, red);
+    float total = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += kMkConsumers) {
+        const float w = expf(__ldcg(part + s * stride) - gmax);
+        weight[s] = w;
+        total += __ldcg(part + s * stride + 1) * w;
+    }
+    total = consumer_reduce<false>(total, red);   // its barriers also publish weight
+    for (int d = threadIdx.x; d < p.head_size; d += kMkConsumers) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
+        st.out[h * p.head_size + d] = acc / total;
+    }
+    consumer_sync();
+}
+
+// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
+__device__ void mk_wait(const MkParams &p, int stage, int units) {
+    if (threadIdx.x == 0)
+        while (load_acquire(p.counters + stage) < (unsigned)units) {}
+    consumer_sync();
+}
+
+// Adds n to a stage's count, after (release) every write this thread has seen: the consumers'
+// writes of the stage, through the barrier before it.
+__device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(n) : "memory");
+}
+
+template <typename KV>
+__device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red) {
+    pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
+    const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads), chunk = ceil_div_dev(pos + 1, splits);
+    float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
+    MkRing at;   // the ring's position, in step with the producer's
+    int before = -1, before_units = 0;   // the last stage with units
+    for (int s = 0; s < p.n_stages; s++) {
+        const MkStage &st = p.stages[s];
+        const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
+        if (mine > 0) {
+            mk_stamp(p, s, 0);
+            if (before >= 0) mk_wait(p, before, before_units);
+            mk_stamp(p, s, 1);
+            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red);
+            else if (st.kind == MK_EMBED) mk_embed(p, st);
+            else if (st.kind == MK_ATTENTION)
+                for (int u = blockIdx.x; u < units; u += gridDim.x) mk_attention_unit<KV>(p, st, u, splits, chunk, pos, scratch, red);
+            else
+                for (int u = blockIdx.x; u < units; u += gridDim.x) mk_combine_unit(p, st, u, splits, scratch, red);
+            consumer_sync();   // every thread's writes of this stage, before the count
+            if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)mine);
+            mk_stamp(p, s, 3);
+        }
+        if (units > 0) before = s, before_units = units;
+    }
+    if (threadIdx.x == 0) {   // the last block out resets the counters for the next step
+        __threadfence();
+        if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
+            for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
+            __threadfence();
+        }
+    }
+}
+
+template <typename KV>
+__global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
+    extern __shared__ __align__(128) unsigned char mk_smem[];
+    __shared__ float red[32];
+    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
+    const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * p.sums_floats, empty = full + 8 * p.slots;
+    if (threadIdx.x == 0) {   // full: the weights' arrival with their bytes, and the producer lanes' scale copies
+        for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1 + 32), mbar_init(empty + 8 * s, kMkConsumerWarps / kMkPipes);
+        mbar_init_fence();
+    }
+    __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
+    if (threadIdx.x >= kMkConsumers) {
+        mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
+    } else {
+        mk_consume<KV>(p, mk_smem, full, empty, red);
+    }
+    pdl_release();
+}
+
+}  // namespace
+
+struct GpuMega {
+    MkParams p;
+    MkStage *stages;   // device copy of p.stages
+    size_t smem;
+    int blocks, kv_half;
+    int *kinds;        // host: each stage's MK_* (the trace report)
+};
+
+// The linear stage of a call (M = 1, INT8): rows a unit such that the units of all outputs
+// cover the grid once. false (with why) where the megakernel cannot run it.
+static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage *st, char *why) {
+    const Mat *w = c->w[0];
+    if (c->M != 1 || !w->q || !form_consistent(c)) return snprintf(why, ERR_LEN, "a linear layer is not INT8 at M = 1"), false;
+    st->kind = MK_GEMV;
+    st->a = linear_q8_args(g, c);
+    st->pair = c->form == LINEAR_SWIGLU, st->norm = c->norm_w != NULL;
+    Q8Args &a = st->a;
+    if (a.group_shift < 0 || a.stride % 16) return snprintf(why, ERR_LEN, "group size %d or row stride %d", a.gs, a.stride), false;
+    const int n_out = st->pair ? 1 : a.n_out;
+    for (int j = 0; j < (st->pair ? 2 : a.n_out); j++)
+        if (reinterpret_cast<uintptr_t>(a.out[j].q) % 16) return snprintf(why, ERR_LEN, "weights not 16-byte aligned"), false;
+    int rows = 0;
+    for (int j = 0; j < n_out; j++) rows += a.out[j].N;
+    a.tma_rows = round_up(ceil_div_i(rows, blocks), 2);
+    for (;; a.tma_rows += 2) {   // QKV: each output's units round up on their own
+        st->units = 0;
+        for (int j = 0; j < 3; j++) st->units += st->units_of[j] = j < n_out ? ceil_div_i(a.out[j].N, a.tma_rows) : 0;
+        if (st->units <= blocks) break;
+    }
+    return true;
+}
+
+static size_t mk_smem_bytes(const MkParams &p) {
+    return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * (size_t)p.sums_floats + 16 * (size_t)p.slots;
+}
+
+extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
+    if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
+    if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
+        return snprintf(why, ERR_LEN, "head size %d or context %d", at.head_size, at.seq_len), (GpuMega *)NULL;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const int blocks = g->sms * kMkBlocksPerSm;
+    optin = optin < kSmemPerSm / kMkBlocksPerSm - 1024 ? optin : kSmemPerSm / kMkBlocksPerSm - 1024;
+    MkStage *host = (MkStage *)calloc(2 * (size_t)n, sizeof(MkStage));
+    MkParams p = {};
+    p.scratch_bytes = kMkAttnFloats * 4;
+    int count = 0;
+    for (int s = 0; s < n; s++) {
+        const MegaStage *m = &stages[s];
+        MkStage *st = &host[count++];
+        if (m->kind == MEGA_LINEAR) {
+            if (!mk_linear_stage(g, &m->linear, blocks, st, why)) return free(host), (GpuMega *)NULL;
+            const int x_bytes = st->a.stride * 4, sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
+            p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;   // x4: 64 bytes a 16-byte chunk
+            p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
+            const int scale_bytes = kTmaRows * (kTmaCols / st->a.gs) * 4;
+            p.slot_bytes = kTmaTile + scale_bytes > p.slot_bytes ? kTmaTile + scale_bytes : p.slot_bytes;
+        } else if (m->kind == MEGA_EMBED) {
+            const Mat *e = m->embedding;
+            st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, kMkConsumers);
+            st->eq = e->q, st->es = e->s, st->ef = e->f, st->estride = e->stride, st->egroups = e->groups, st->egs = e->gs;
+            st->dim = e->cols, st->x = m->x;
+        } else {   // attention, then its combine step
+            st->kind = MK_ATTENTION, st->q = m->q, st->kc = m->key_cache, st->vc = m->value_cache, st->out = m->out;
+            MkStage *c = &host[count++];
+            c->kind = MK_COMBINE, c->out = m->out;
+        }
+    }
+    p.scratch_bytes = round_up(p.scratch_bytes, 128);
+    p.slot_bytes = round_up(p.slot_bytes > kTmaTile ? p.slot_bytes : kTmaTile, 128);
+    p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
+    p.inputs = g->inputs;
+    for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots--) {}
+    if (p.slots < kMkMinSlots) {
+        free(host);
+        snprintf(why, ERR_LEN, "its shared memory (x of %d bytes, row sums of %d) leaves no room for %d ring slots", p.scratch_bytes,
+                 4 * p.sums_floats, kMkMinSlots);
+        return NULL;
+    }
+    GpuMega *mg = (GpuMega *)calloc(1, sizeof(GpuMega));
+    mg->smem = mk_smem_bytes(p), mg->blocks = blocks, mg->kv_half = at.kv_half;
+    void (*kernel)(MkParams) = at.kv_half ? mega_kernel<__half> : mega_kernel<float>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mg->smem));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMkThreads, mg->smem));
+    if (per_sm < kMkBlocksPerSm) {
+        free(host), free(mg);
+        snprintf(why, ERR_LEN, "a block of %zu bytes of shared memory does not fit an SM", mk_smem_bytes(p));
+        return NULL;
+    }
+    CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
+    CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&p.counters, (count + 1) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 1) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
+#ifdef MK_TRACE
+    CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * 32));
+#endif
+    p.stages = mg->stages;
+    mg->p = p;
+    mg->kinds = (int *)calloc(count, sizeof(int));
+    for (int s = 0; s < count; s++) mg->kinds[s] = host[s].kind;
+    free(host);
+    return mg;
+}
+
+#ifdef MK_TRACE
+// After the 100th launch: per stage, over the blocks that worked in it, the mean wait, staging and
+// work times and when the stage's first block started and its last ended, from the kernel's start.
+static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
+    const size_t n = (size_t)m->blocks * m->p.n_stages * 4;
+    unsigned long long *t = (unsigned long long *)malloc(n * 8);
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemcpy(t, m->p.trace, n * 8, cudaMemcpyDeviceToHost));
+    unsigned long long t0 = ~0ull;
+    for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0) t0 = t[i];
+    fprintf(stderr, "trace: stage kind blocks | wait stage-x work (us, mean) | first start, last end (us)\n");
+    for (int s = 0; s < m->p.n_stages; s++) {
+        double w = 0, x = 0, k = 0, first = 1e30, last = 0;
+        int nb = 0;
+        for (int b = 0; b < m->blocks; b++) {
+            const unsigned long long *e = t + ((size_t)b * m->p.n_stages + s) * 4;
+            if (!e[0] || !e[3] || e[0] < t0) continue;
+            nb++, w += (e[1] - e[0]) / 1e3, x += e[2] > e[1] ? (e[2] - e[1]) / 1e3 : 0, k += (e[3] - (e[2] > e[1] ? e[2] : e[1])) / 1e3;
+            first = fmin(first, (e[0] - t0) / 1e3), last = fmax(last, (e[3] - t0) / 1e3);
+        }
+        if (nb) fprintf(stderr, "trace: %3d %d %3d | %7.2f %7.2f %7.2f | %8.2f %8.2f\n", s, m->kinds[s], nb, w / nb, x / nb, k / nb, first, last);
+    }
+    free(t);
+}
+#endif
+
+extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
+#ifdef MK_TRACE
+    static int launches = 0;
+    if (launches == 100) CUDA_CHECK(cudaMemset(m->p.trace, 0, (size_t)m->blocks * m->p.n_stages * 32));
+#endif
+    if (m->kv_half) launch(g, "mega_kernel", mega_kernel<__half>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
+    else launch(g, "mega_kernel", mega_kernel<float>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
+#ifdef MK_TRACE
+    if (++launches == 101) mk_trace_report(g, m);
+#endif
+}
+
+extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory", m->blocks, m->p.n_stages, m->p.slots,
+             m->p.slot_bytes / 1024, m->smem / 1024);
+}
+
+extern "C" void gpu_mega_free(GpuMega *m) {
+    if (!m) return;
+    CUDA_CHECK(cudaFree(m->stages));
+    CUDA_CHECK(cudaFree(m->p.counters));
+    CUDA_CHECK(cudaFree(m->p.part));
+    if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
+    free(m->kinds);
+    free(m);
+}
