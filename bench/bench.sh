@@ -44,6 +44,7 @@ row "7b int8 fused, no PDL" "$q8" 261 "$p5" "--no-pdl"
 row "7b int8 fused, register-fed GEMV, no PDL" "$q8" 261 "$p5" "--no-tma-gemv --no-pdl"
 row "7b int8 fused, no CUDA graph" "$q8" 261 "$p5" "--no-graph"
 row "7b int8 fused, FP32 KV cache" "$q8" 261 "$p5" "--kv-fp32"
+row "7b int8 --megakernel (one persistent kernel)" "$q8" 261 "$p5" "--megakernel"
 row "7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "$p5" "--unfused"
 row "7b --fp16 (cuBLAS, converted at load)" "$q8" 261 "$p5" "--fp16"
 if [ -z "${BENCH_QUICK:-}" ]; then
@@ -58,9 +59,11 @@ row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
 row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
 row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
+row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--megakernel"
 # Hugging Face shapes (vocabularies 49152 and 128256, beyond tokenizer.bin's 32000)
 row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
 row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
+row "smollm2-135m int8 --megakernel" "$(synth smollm2-135m)" 256 "$p5" "--megakernel"
 [ -n "${BENCH_QUICK:-}" ] || row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
 if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null

@@ -1,5 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
-// host side.
+// host side. Off by default (--megakernel): correct, not yet faster than the per-matrix kernels
+// (bench/NOTES.md 41 has each design step and where the time goes).
 //   mega_kernel                     one block per SM: 8 consumer warps and a producer warp
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
@@ -25,6 +26,10 @@
 // __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
 // the block's consumers, then one thread's fence and atomic add (and read after an acquire load
 // of the counter and a barrier).
+// Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
+// most), MK_PIPES (producer/consumer pipes a block), MK_BLOCKS (blocks an SM); for measurement
+// only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run) and
+// MK_NO_MATH (the ring streamed, nothing computed: wrong results).
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -32,7 +37,7 @@
 namespace {
 
 // Pipes: a producer warp and a group of 8 consumer warps each, taking every kMkPipes-th tile of
-// the ring (one producer could not keep a block's ring full: bench/NOTES.md).
+// the ring (one producer could not keep a block's ring full: bench/NOTES.md 41).
 #ifndef MK_PIPES
 #define MK_PIPES 2
 #endif
