@@ -1,7 +1,7 @@
 // vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs, 16-float lanes.
 //
-//   FP32 weights, any M        tile_f32: each weight vector loaded once feeds T tokens' FMAs
-//                              (T = 1 in decode: the 4 rows' chains hide the FMA latency)
+//   FP32 weights, M = 1        row_f32: a row at a time, one sequential stream (decode)
+//   FP32 weights, M > 1        tile_f32: each weight vector loaded once feeds T tokens' FMAs
 //   INT8 weights, M < TOKENS   rows_q8: dequantization in registers: 16 int8 widened to float,
 //                              times their group's scale, against x
 //   INT8 weights, M >= TOKENS  the tile's rows dequantized once into the thread's scratch, then
@@ -24,7 +24,7 @@
 #define LANES 16
 #define ROWS VEC_TILE_ROWS
 #define TOKENS 4
-#define PREFETCH_FLOATS 4096   // 16 KB of FP32 weights (64 KB of INT8) ahead of the loads
+#define PREFETCH_FLOATS 4096   // rows_q8 asks for INT8 weights 4 x this many bytes (16 KB) ahead
 
 typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
 typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));

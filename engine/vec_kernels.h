@@ -12,6 +12,7 @@
 #define dequant_rows ISA_NAME(dequant_rows)
 #define store ISA_NAME(store)
 #define tile_rows_f32 ISA_NAME(tile_rows_f32)
+#define row_f32 ISA_NAME(row_f32)
 
 static inline __attribute__((always_inline)) f32v load_f32(const float *p) {
     f32v v;
@@ -56,9 +57,6 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
     int k = 0;
     for (; k + LANES <= K; k += LANES) {
         f32v wv[ROWS];
-        // decode streams the weights: ask for the bytes 16 KB ahead, which the hardware
-        // prefetcher alone does not keep in flight across 4 interleaved rows (NOTES 36)
-        if (T == 1) UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(w[r] + k + PREFETCH_FLOATS);
         UNROLL for (int r = 0; r < ROWS; r++) wv[r] = load_f32(w[r] + k);
         UNROLL for (int t = 0; t < T; t++) {
             const f32v xv = load_f32(x[t] + k);
@@ -71,6 +69,18 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
             for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
             res[r][t] = s;
         }
+}
+
+// One row against one token: tile_f32's arithmetic for that (row, token), the same accumulator and
+// sum, with the row streamed alone and no software prefetch. Decode reads FP32 weights about twice
+// as fast as one sequential stream as in tiles of 4 interleaved rows (bench/NOTES.md 42).
+static inline __attribute__((always_inline)) float row_f32(const float *w, const float *x, int K) {
+    f32v acc = {0};
+    int k = 0;
+    for (; k + LANES <= K; k += LANES) acc += load_f32(w + k) * load_f32(x + k);
+    float s = hsum(acc);
+    for (int j = k; j < K; j++) s += w[j] * x[j];
+    return s;
 }
 
 // res[r] = W[r] . x for ROWS INT8 rows q[r] with scales s[r], dequantized in registers: each
@@ -121,6 +131,10 @@ static inline __attribute__((always_inline)) void store(float *out, size_t at, f
 // in groups of up to TOKENS (likewise padded with the group's first token).
 static inline __attribute__((always_inline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
                           float *out, int N, int accumulate) {
+    if (M == 1) {
+        for (int r = 0; r < nr; r++) store(out, rows[r], row_f32(wr[r], in, K), accumulate);
+        return;
+    }
     for (int t0 = 0; t0 < M; t0 += TOKENS) {
         const int nt = M - t0 < TOKENS ? M - t0 : TOKENS;
         const float *x[TOKENS];
@@ -182,3 +196,4 @@ static void ISA_NAME(axpy)(float *y, float a, const float *x, int n) {
 #undef dequant_rows
 #undef store
 #undef tile_rows_f32
+#undef row_f32
