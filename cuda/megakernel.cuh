@@ -301,9 +301,9 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         consumer_sync();
         float acc[kTmaRows] = {};
         int cur = -1;   // the row tile acc holds
-        for (int t = 0; t < b.tiles; t++, at.next(p.slots)) {
+        for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(p.slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
-            const int rt = t / b.col_tiles, ct = t - rt * b.col_tiles, rows = min(kTmaRows, b.prows - rt * kTmaRows);
+            const int rows = min(kTmaRows, b.prows - rt * kTmaRows);
             if (rt != cur) {
                 if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
