@@ -1,14 +1,17 @@
 #!/bin/sh
 # CPU benchmark: code15M (14.5M parameters, dim 288, 6 layers, vocab 32000) on the CPU executor,
 # greedy, 256 positions; each row runs REPEAT times (default 5) and reports the median and the
-# range. Beside it, the anchors: other engines measured on the 2-core development machine (AMD
-# EPYC, AVX-512), same shape, 2 threads:
-#   llama.cpp b10573 built from source (AVX2 build), random weights of code15M's shape,
-#     `llama-bench -p 0 -n 128 -t 2` (decode) and `-p 256 -n 0 -t 2` (prefill): Q8_0 683 tok/s
-#     decode and 6,402 tok/s prefill of 256 tokens; F16 411 tok/s decode
-#   llama2.c run.c built with `-Ofast -fopenmp -march=native`, OMP_NUM_THREADS=2, its "achieved
-#     tok/s" over 256 steps of code15M.bin: 227-230 (FP32)
-# Those figures are from that machine only; on another machine they are not comparable.
+# range. Beside it, other engines on the same model and threads: measured in this run where they
+# are given (the machine's speed varies between sittings, so only one sitting's figures compare):
+#   LLAMA2C=path    llama2.c's run.c built with `gcc -Ofast -fopenmp -march=native run.c -lm`;
+#                   its "achieved tok/s" over 256 steps of code15M.bin (FP32), median of REPEAT
+#   LLAMA_BENCH=path and LLAMA_GGUF=prefix   llama.cpp's llama-bench, on PREFIX.q8_0.gguf and
+#                   PREFIX.f16.gguf made from code15M.bin (bench/llama2c_to_gguf.py, then
+#                   llama-quantize): `-p 0 -n 128 -t T` (decode) and `-p 256 -n 0 -t T` (prefill),
+#                   its mean over its 5 repetitions
+# Otherwise the anchors recorded on the 2-core development machine (AMD EPYC, AVX-512) on
+# 2026-12-01 are printed: llama2.c 532-586; llama.cpp (as vendored in llama-cpp-python 0.3.36,
+# ggml 0.25.3) Q8_0 decode 1088, prefill 9757, F16 decode 391.
 #   sh bench/cpu.sh     (make bench-cpu)   THREADS=n: threads (default: all), REPEAT=n
 set -eu
 cd "$(dirname "$0")/.."
@@ -45,9 +48,26 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed
      "vector extensions: $(grep -m1 -o -w -E 'avx512f|avx512_vnni|avx2|fma|asimd|sve' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ')"
 ./run "$out/code15M_q64.bin" -n 2 -t 0 --device cpu $targs 2>&1 >/dev/null | grep -o 'device cpu.*' | head -1
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)'), repeats ${REPEAT:-5}"
-printf "%-40s %9s  %s   %s\n" "code15M, 256 positions" "tok/s" "(min - max)" "anchor on the 2-core machine"
-row "decode, FP32" "llama2.c -Ofast -fopenmp: 227-230" decode "$model" -n 256
-row "decode, INT8 GS 64" "llama.cpp Q8_0: 683; F16: 411" decode "$out/code15M_q64.bin" -n 256
+nt=${THREADS:-$(nproc)}
+# llama2.c's median over REPEAT runs, or the recorded anchor
+llama2c() {
+    [ -n "${LLAMA2C:-}" ] || { echo "llama2.c (2026-12-01): 532-586"; return; }
+    i=0
+    while [ $i -lt "${REPEAT:-5}" ]; do
+        OMP_NUM_THREADS=$nt "$LLAMA2C" "$model" -n 256 -t 0 -z tokenizer.bin 2>&1 | awk '/achieved tok\/s/ { print $NF }'
+        i=$((i + 1))
+    done | sort -n | awk '{ v[NR] = $1 } END { printf "llama2.c, this run: %.1f", v[int((NR + 1) / 2)] }'
+}
+# llama-bench's mean for one type and test, or the recorded anchor
+llamacpp() {   # type, anchor, llama-bench arguments
+    t=$1 anchor=$2; shift 2
+    [ -n "${LLAMA_BENCH:-}" ] || { echo "llama.cpp $t (2026-12-01): $anchor"; return; }
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF.$t.gguf" "$@" -t "$nt" -o csv 2>/dev/null | tail -1 |
+        awk -F, -v t="$t" '{ gsub(/"/, ""); printf "llama.cpp %s, this run: %.1f", t, $(NF - 1) }'
+}
+printf "%-40s %9s  %s   %s\n" "code15M, 256 positions" "tok/s" "(min - max)" "other engines"
+row "decode, FP32" "$(llama2c)" decode "$model" -n 256
+row "decode, INT8 GS 64" "$(llamacpp q8_0 1088 -p 0 -n 128); $(llamacpp f16 391 -p 0 -n 128)" decode "$out/code15M_q64.bin" -n 256
 row "decode, INT8 GS 128" "" decode "$out/code15M_q128.bin" -n 256
 row "prefill of 254 tokens, FP32" "" prefill "$model" -n 256 -p "$prompt"
-row "prefill of 254 tokens, INT8 GS 64" "llama.cpp Q8_0: 6,402" prefill "$out/code15M_q64.bin" -n 256 -p "$prompt"
+row "prefill of 254 tokens, INT8 GS 64" "$(llamacpp q8_0 9757 -p 256 -n 0)" prefill "$out/code15M_q64.bin" -n 256 -p "$prompt"
