@@ -1,14 +1,15 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. Off by default (--megakernel): correct, not yet faster than the per-matrix kernels
 // (bench/NOTES.md 41 has each design step and where the time goes).
-//   mega_kernel                     one block per SM: 8 consumer warps and a producer warp
+//   mega_kernel                     one block per SM: two pipes of a producer warp and 8 consumer
+//                                   warps, each pipe taking every other tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
 //
 // The weights of a step do not depend on its activations, only the arithmetic does. So each
 // block owns a fixed list of weight tiles, the same rows of the same matrices at every step, and
-// its producer warp streams them through a ring of shared-memory slots with bulk copies (the copy
+// its producer warps stream them through a ring of shared-memory slots with bulk copies (the copy
 // engine), in the step's order, without ever waiting for an activation: only for a free slot. The
 // next matrix's first tiles are then in flight while the current one finishes, in every block.
 // Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
@@ -19,13 +20,14 @@
 //
 // Deadlock: every block is resident (one per SM, checked on the host), stages are worked in one
 // order by every block, and a consumer waits only on earlier stages, whose units never wait on a
-// later stage; the producer waits only on its own block's consumers, which take tiles in the
-// order it issued them.
+// later stage; a producer waits only on its own block's consumers, which take tiles in the order
+// the producers issued them.
 //
 // Memory: activations written by other SMs during the kernel are read through L2 (ld.global.cg:
 // __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
-// the block's consumers, then one thread's fence and atomic add (and read after an acquire load
-// of the counter and a barrier).
+// the block's consumers, then one thread's release add to the stage's counter (and read after an
+// acquire load of the counter and a barrier).
+//
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_BLOCKS (blocks an SM); for measurement
 // only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run) and
