@@ -62,32 +62,45 @@ static const float *cpu_apply_norm(Exec *e, Input in, int M) {
     return e->s.xb;
 }
 
-// A slice of a matmul: rows lo..hi of W against all M inputs.
+// Up to three matmuls of one input (q, k and v; w1 and w3) as one job: their rows one after the
+// other, so that a decode step waits for the pool once for them, not once each.
+#define MAX_JOB_MATS 3
 typedef struct {
-    float *out;
     const float *in;
-    int M, accumulate;
-    const Mat *w;
+    int M, accumulate, n;
+    const Mat *w[MAX_JOB_MATS];
+    float *out[MAX_JOB_MATS];
     float *tiles;   // CpuState.tiles
     size_t tile_cols;
 } MatmulJob;
 
-// Each weight row is read once for all M inputs (prefill batches share the weight traffic).
+// Rows lo..hi of the job's rows: each matrix's share of them against all M inputs (each weight
+// row is read once for all M: prefill batches share the weight traffic).
 static void matmul_rows(void *ctx, int lo, int hi, int slot) {
     const MatmulJob *j = ctx;
     float *scratch = j->tiles + (size_t)slot * VEC_TILE_ROWS * j->tile_cols;
-    vec_matmul_slice(j->w, j->in, j->M, j->out, j->accumulate, lo, hi, scratch);
+    for (int i = 0, first = 0; i < j->n && first < hi; first += j->w[i]->rows, i++) {
+        const int a = lo > first ? lo - first : 0, b = hi - first < j->w[i]->rows ? hi - first : j->w[i]->rows;
+        if (a < b) vec_matmul_slice(j->w[i], j->in, j->M, j->out[i], j->accumulate, a, b, scratch);
+    }
 }
 
 // Under this many multiply-adds a slice, handing work to another thread costs more than it saves.
 #define MIN_SLICE_WORK 32768
 
-// Rows split over the pool's threads; each output is one thread's, summed in the same order
-// whatever the thread count.
+// out[i] (M, w[i]->rows) = in W[i]^T (+= with accumulate) for n weights of one width: their rows
+// split over the pool's threads; each output is one thread's, summed in the same order whatever
+// the thread count.
+static void cpu_matmuls(Exec *e, Input input, int M, int n, const Mat *const *w, float *const *out, int accumulate) {
+    MatmulJob j = {cpu_apply_norm(e, input, M), M, accumulate, n, {0}, {0}, CPU(e)->tiles, max_cols(&e->cfg)};
+    int rows = 0;
+    for (int i = 0; i < n; i++) j.w[i] = w[i], j.out[i] = out[i], rows += w[i]->rows;
+    const long per_row = (long)w[0]->cols * M;
+    parallel_for(rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
+}
+
 static void cpu_matmul(Exec *e, float *out, Input input, int M, const Mat *w, int accumulate) {
-    MatmulJob j = {out, cpu_apply_norm(e, input, M), M, accumulate, w, CPU(e)->tiles, max_cols(&e->cfg)};
-    const long per_row = (long)w->cols * M;
-    parallel_for(w->rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
+    cpu_matmuls(e, input, M, 1, &w, &out, accumulate);
 }
 
 // h = silu(h) * g over elements lo..hi, silu(x) = x * sigmoid(x).
@@ -107,9 +120,9 @@ static void swiglu_range(void *ctx, int lo, int hi, int slot) {
 
 static void cpu_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
     float *h = e->s.hb, *g = e->s.hb2;
-    const Input x = plain(cpu_apply_norm(e, in, M));
-    cpu_matmul(e, h, x, M, w1, 0);
-    cpu_matmul(e, g, x, M, w3, 0);
+    const Mat *const w[2] = {w1, w3};
+    float *const out[2] = {h, g};
+    cpu_matmuls(e, in, M, 2, w, out, 0);
     SwigluJob j = {h, g};
     parallel_for(M * w1->rows, 4096, swiglu_range, &j);   // expf: the threads share a prompt's
 }
@@ -225,7 +238,9 @@ static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
 static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
     const Config *p = &e->cfg;
     const Weights *w = e->w;
-    qkv_by_matmul(e, layer, in, st, wq, wk, wv);
+    const Mat *const mats[3] = {wq, wk, wv};
+    float *const out[3] = {e->s.q, e->s.k, e->s.v};
+    cpu_matmuls(e, in, st->M, 3, mats, out, 0);
     if (w->bq) {
         add_bias(e->s.q, w->bq + (size_t)layer * q_dim_of(p), st->M, q_dim_of(p));
         add_bias(e->s.k, w->bk + (size_t)layer * kv_width_of(p), st->M, kv_width_of(p));
