@@ -24,7 +24,7 @@
 #define LANES 16
 #define ROWS VEC_TILE_ROWS
 #define TOKENS 4
-#define PREFETCH_FLOATS 4096   // rows_q8 asks for INT8 weights 4 x this many bytes (16 KB) ahead
+#define PREFETCH_INT8 16384   // bytes of INT8 weights rows_q8 asks for ahead of its loads
 
 typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
 typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));

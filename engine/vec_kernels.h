@@ -72,8 +72,8 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
 }
 
 // One row against one token: tile_f32's arithmetic for that (row, token), the same accumulator and
-// sum, with the row streamed alone and no software prefetch. Decode reads FP32 weights about twice
-// as fast as one sequential stream as in tiles of 4 interleaved rows (bench/NOTES.md 42).
+// sum, with the row streamed alone and no software prefetch: decode reads FP32 weights faster as
+// one sequential stream than as tiles of 4 interleaved rows (bench/NOTES.md 42).
 static inline __attribute__((always_inline)) float row_f32(const float *w, const float *x, int K) {
     f32v acc = {0};
     int k = 0;
@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[
     for (int g = 0, group_end = gs; k + LANES <= K; k += LANES) {
         if (k == group_end) g++, group_end += gs;
         const f32v xv = load_f32(x + k);
-        UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(q[r] + k + 4 * PREFETCH_FLOATS);
+        UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(q[r] + k + PREFETCH_INT8);
         UNROLL for (int r = 0; r < ROWS; r++) {
             const f32v wv = load_i8(q[r] + k) * s[r][g];
             acc[r] += wv * xv;
