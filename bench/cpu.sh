@@ -9,12 +9,19 @@
 #                   PREFIX.f16.gguf made from code15M.bin (bench/llama2c_to_gguf.py, then
 #                   llama-quantize): `-p 0 -n 128 -t T` (decode) and `-p 256 -n 0 -t T` (prefill),
 #                   its mean over its 5 repetitions
-# Otherwise the anchors recorded on the 2-core development machine (AMD EPYC, AVX-512) on
-# 2026-12-01 are printed: llama2.c 532-586; llama.cpp (as vendored in llama-cpp-python 0.3.36,
-# ggml 0.25.3) Q8_0 decode 1088, prefill 9757, F16 decode 391.
+# Otherwise the anchors recorded on the 2-core development machine (AMD EPYC, AVX-512) are
+# printed, with their date (bench/NOTES.md 43 says how they were measured).
 #   sh bench/cpu.sh     (make bench-cpu)   THREADS=n: threads (default: all), REPEAT=n
 set -eu
 cd "$(dirname "$0")/.."
+# the other engines' paths, where given, must be there
+[ -z "${LLAMA2C:-}" ] || [ -x "$LLAMA2C" ] || { echo "bench/cpu.sh: LLAMA2C=$LLAMA2C is not an executable file" >&2; exit 1; }
+if [ -n "${LLAMA_BENCH:-}${LLAMA_GGUF:-}" ]; then
+    [ -x "${LLAMA_BENCH:-}" ] || { echo "bench/cpu.sh: LLAMA_BENCH=${LLAMA_BENCH:-} is not an executable file" >&2; exit 1; }
+    for t in q8_0 f16; do
+        [ -f "${LLAMA_GGUF:-}.$t.gguf" ] || { echo "bench/cpu.sh: LLAMA_GGUF=${LLAMA_GGUF:-}: ${LLAMA_GGUF:-}.$t.gguf is missing" >&2; exit 1; }
+    done
+fi
 out=${BENCH_DIR:-bench/out}
 mkdir -p "$out"
 make -s run quantize tokenizer.bin models/code15M.bin

@@ -13,6 +13,7 @@ wq and wk are written as they are (no row permutation). The vocabulary is Llama 
 tokenizer.bin: llama2.c's export wrote the pieces with " " for the SentencePiece space and <s>,
 </s> as "\\n<s>\\n", "\\n</s>\\n"; both are undone.
 """
+import os
 import struct
 import sys
 
@@ -20,14 +21,36 @@ import gguf
 import numpy as np
 
 
+def fail(msg):
+    sys.exit("llama2c_to_gguf.py: " + msg)
+
+
+def read_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        fail(f"{path}: {e.strerror}")
+
+
 def read_checkpoint(path):
-    data = open(path, "rb").read()
+    data = read_file(path)
+    if len(data) < 28:
+        fail(f"{path}: shorter than a llama2.c header (28 bytes)")
     dim, hidden, layers, heads, kv_heads, vocab, seq_len = struct.unpack_from("<7i", data, 0)
+    if min(dim, hidden, layers, heads, kv_heads, seq_len) <= 0 or vocab == 0 or dim % heads or heads % kv_heads \
+            or (dim // heads) % 2 or max(dim, hidden, abs(vocab), seq_len) > 1 << 20 or layers > 1024:
+        fail(f"{path}: header (dim {dim}, hidden {hidden}, layers {layers}, heads {heads}, kv heads {kv_heads}, "
+             f"vocab {vocab}, seq_len {seq_len}) is not a llama2.c legacy checkpoint's")
     shared = vocab > 0
     vocab = abs(vocab)
     head = dim // heads
     kv_dim = kv_heads * head
     at = 28
+    need = (vocab * dim + layers * (2 * dim + 2 * dim * dim + 2 * kv_dim * dim + 3 * hidden * dim) + dim
+            + seq_len * head + (0 if shared else vocab * dim)) * 4 + at
+    if len(data) != need:
+        fail(f"{path}: {len(data)} bytes where its header implies {need}")
     f = np.frombuffer(data, dtype="<f4", offset=at)
     pos = 0
 
@@ -50,12 +73,19 @@ def read_checkpoint(path):
 
 
 def read_tokenizer(path, vocab):
-    data = open(path, "rb").read()
+    data = read_file(path)
     at = 4
     tokens, scores, types = [], [], []
     for i in range(vocab):
+        if at + 8 > len(data):
+            fail(f"{path}: ends at token {i} of the model's {vocab}")
         score, n = struct.unpack_from("<fi", data, at)
-        piece = data[at + 8:at + 8 + n].decode("utf-8")
+        if n < 0 or at + 8 + n > len(data):
+            fail(f"{path}: token {i}'s length {n} runs past the end of the file")
+        try:
+            piece = data[at + 8:at + 8 + n].decode("utf-8")
+        except UnicodeDecodeError:
+            fail(f"{path}: token {i} is not UTF-8")
         at += 8 + n
         if i == 1:
             piece = "<s>"
@@ -79,9 +109,15 @@ def read_tokenizer(path, vocab):
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: llama2c_to_gguf.py checkpoint.bin tokenizer.bin out.gguf")
+    out = sys.argv[3]
+    for src in sys.argv[1:3]:
+        if os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src):
+            fail(f"{out}: the output is the input {src}")
+    if os.path.exists(out) and not os.path.isfile(out):
+        fail(f"{out}: not a regular file")
     cfg, w, shared = read_checkpoint(sys.argv[1])
     tokens, scores, types = read_tokenizer(sys.argv[2], cfg["vocab"])
-    g = gguf.GGUFWriter(sys.argv[3], "llama")
+    g = gguf.GGUFWriter(out, "llama")
     g.add_name("llama2.c " + sys.argv[1])
     g.add_context_length(cfg["seq_len"])
     g.add_embedding_length(cfg["dim"])

@@ -93,8 +93,8 @@ static void vnni_tiles(const int8_t *q, const float *ws, const uint8_t *xu, cons
 
 int main(int argc, char **argv) {
     const int N = 288, K = argc > 1 ? atoi(argv[1]) : 768, M = 256, gs = argc > 2 ? atoi(argv[2]) : 64, G = gs > 0 ? K / gs : 0;
-    if (gs <= 0 || gs % 64 || K % gs) {   // B steps 64 weights at a time within a group
-        fprintf(stderr, "vnni_prefill: K (%d) must be a multiple of GS (%d), GS a multiple of 64\n", K, gs);
+    if (K <= 0 || K > (1 << 16) || gs <= 0 || gs % 64 || K % gs) {   // B steps 64 weights at a time within a group
+        fprintf(stderr, "vnni_prefill: K (%d, at most 65536) must be a multiple of GS (%d), GS a multiple of 64\n", K, gs);
         return 1;
     }
     int8_t *q = aligned_alloc(64, (size_t)N * K);
