@@ -39,12 +39,12 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff
 printf "%-46s %6s %6s %9s %8s %7s %7s %8s %7s\n" "model, path" "prompt" "gen" "tok/s" "ms/tok" "GB w" "GB kv" "GB/s" "of 4480"
 p5="Once upon a time"
 q8=$(synth llama2-7b)
-row "7b int8 fused (graph, PDL, FP16 KV)" "$q8" 261 "$p5" ""
-row "7b int8 fused, no PDL" "$q8" 261 "$p5" "--no-pdl"
-row "7b int8 fused, register-fed GEMV, no PDL" "$q8" 261 "$p5" "--no-tma-gemv --no-pdl"
+row "7b int8 fused (megakernel, FP16 KV)" "$q8" 261 "$p5" ""
+row "7b int8 fused, a kernel per matrix" "$q8" 261 "$p5" "--no-megakernel"
+row "7b int8 fused, a kernel per matrix, no PDL" "$q8" 261 "$p5" "--no-megakernel --no-pdl"
+row "7b int8 fused, register-fed GEMV, no PDL" "$q8" 261 "$p5" "--no-megakernel --no-tma-gemv --no-pdl"
 row "7b int8 fused, no CUDA graph" "$q8" 261 "$p5" "--no-graph"
 row "7b int8 fused, FP32 KV cache" "$q8" 261 "$p5" "--kv-fp32"
-row "7b int8 --megakernel (one persistent kernel)" "$q8" 261 "$p5" "--megakernel"
 row "7b int8 --unfused (dequant + cuBLAS)" "$q8" 261 "$p5" "--unfused"
 row "7b --fp16 (cuBLAS, converted at load)" "$q8" 261 "$p5" "--fp16"
 if [ -z "${BENCH_QUICK:-}" ]; then
@@ -52,10 +52,12 @@ if [ -z "${BENCH_QUICK:-}" ]; then
     for ctx in 128 1024 4096; do
         p=$p5; [ $ctx -gt 128 ] && p=$(prompt_of $((ctx - 200)))
         row "7b int8 fused, context $ctx" "$q8" $ctx "$p" ""
+        [ $ctx -eq 4096 ] && row "7b int8 fused, context $ctx, a kernel per matrix" "$q8" $ctx "$p" "--no-megakernel"
         [ $ctx -eq 4096 ] && row "7b int8 fused, context $ctx, FP32 KV" "$q8" $ctx "$p" "--kv-fp32"
     done
 fi
 row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
+row "tinyllama-1.1b int8 fused, a kernel per matrix" "$(synth tinyllama-1.1b)" 261 "$p5" "--no-megakernel"
 row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
 row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
@@ -64,7 +66,10 @@ row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--megakernel
 row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
 row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
 row "smollm2-135m int8 --megakernel" "$(synth smollm2-135m)" 256 "$p5" "--megakernel"
-[ -n "${BENCH_QUICK:-}" ] || row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
+if [ -z "${BENCH_QUICK:-}" ]; then
+    row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
+    row "llama3-8b int8 fused, a kernel per matrix" "$(synth llama3-8b)" 261 "$p5" "--no-megakernel"
+fi
 if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null
     ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"
@@ -97,7 +102,7 @@ sampled "--batch 16, on the GPU" "--batch 16"
 sampled "--batch 16, on the host" "--batch 16 --host-sample"
 # speedups of the default fused path over the baselines, same run
 awk -F'|' '{ t[$1] = $4 } END {
-    f = t["7b int8 fused (graph, PDL, FP16 KV)"]
+    f = t["7b int8 fused (megakernel, FP16 KV)"]
     printf "7b speedup of fused: %.2fx over --unfused, %.2fx over --fp16 cuBLAS", f / t["7b int8 --unfused (dequant + cuBLAS)"], f / t["7b --fp16 (cuBLAS, converted at load)"]
     if (t["7b fp32 cuBLAS"]) printf ", %.2fx over fp32 cuBLAS", f / t["7b fp32 cuBLAS"]
     printf "\n" }' "$rows"

@@ -1,8 +1,8 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
-// host side. Off by default (--megakernel): correct, not yet faster than the per-matrix kernels
-// (bench/NOTES.md 41 has each design step and where the time goes).
-//   mega_kernel                     one block per SM: two pipes of a producer warp and 8 consumer
-//                                   warps, each pipe taking every other tile of the block's ring
+// host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
+// bench/NOTES.md 41 and 46 have each design step and where the time goes.
+//   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
+//                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
@@ -18,6 +18,11 @@
 // step) is spread over the blocks as units of its own stage; RMSNorm, RoPE, the KV store,
 // biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
 //
+// Arithmetic: a stage stages its x once as three int8 digits an element in the weights' groups
+// (MkX: x to within about 1e-7 of its group's largest element), so that a tile's products are
+// int8 x int8 on the tensor cores (mma m16n8k32, exact in int32) and only each group's sums are
+// scaled in FP32: a few instructions per 512 weights, where the per-matrix GEMV spends 3 a weight.
+//
 // Deadlock: every block is resident (one per SM, checked on the host), stages are worked in one
 // order by every block, and a consumer waits only on earlier stages, whose units never wait on a
 // later stage; a producer waits only on its own block's consumers, which take tiles in the order
@@ -29,7 +34,8 @@
 // acquire load of the counter and a barrier).
 //
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
-// most), MK_PIPES (producer/consumer pipes a block), MK_BLOCKS (blocks an SM); for measurement
+// most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
+// MK_COLS (tile columns), MK_BLOCKS (blocks an SM); for measurement
 // only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run) and
 // MK_NO_MATH (the ring streamed, nothing computed: wrong results).
 #ifndef MK_SLOTS
@@ -38,19 +44,35 @@
 
 namespace {
 
-// Pipes: a producer warp and a group of 8 consumer warps each, taking every kMkPipes-th tile of
-// the ring (one producer could not keep a block's ring full: bench/NOTES.md 41).
+// Pipes: a producer warp and a group of MK_GROUP_WARPS consumer warps each, taking every
+// kMkPipes-th tile of the ring (one producer could not keep a block's ring full; four pipes of two
+// consumer warps stream best: bench/NOTES.md 41, 46).
 #ifndef MK_PIPES
-#define MK_PIPES 2
+#define MK_PIPES 4
 #endif
-constexpr int kMkPipes = MK_PIPES, kMkGroupThreads = 256, kMkConsumers = kMkGroupThreads * kMkPipes;
+#ifndef MK_GROUP_WARPS
+#define MK_GROUP_WARPS 2
+#endif
+constexpr int kMkPipes = MK_PIPES, kMkGroupThreads = 32 * MK_GROUP_WARPS, kMkConsumers = kMkGroupThreads * kMkPipes;
 constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 32 * kMkPipes;
-static_assert(kMkGroupThreads == kTmaThreads, "a consumer thread per 16-byte chunk of a tile row");
 #ifndef MK_BLOCKS
 #define MK_BLOCKS 1
 #endif
-constexpr int kMkMaxSlots = MK_SLOTS, kMkMinSlots = 3, kMkBlocksPerSm = MK_BLOCKS;
-constexpr int kSmemPerSm = 228 * 1024;   // H100/H200: shared memory of an SM, 1 KB of it reserved per block
+// Ring slots: a multiple of the pipes, so that a slot is always the same pipe's (its producer then
+// reuses it only after its own consumers freed it, and no barrier wait can be two phases behind,
+// which the parity waits could not tell from one); two a pipe at least.
+constexpr int kMkMaxSlots = MK_SLOTS / MK_PIPES * MK_PIPES, kMkMinSlots = 2 * MK_PIPES, kMkBlocksPerSm = MK_BLOCKS;
+// A tile: kMkRows rows (an integer MMA's 16) x kMkCols bytes, each row kMkPitch bytes from the last
+// in its slot (32 bytes of padding: the 8-byte fragment loads of rows g and g + 4 fall in other
+// banks). A consumer warp takes kMkSpan columns of it, kMkSteps MMA steps of 32.
+#ifndef MK_COLS
+#define MK_COLS 1024
+#endif
+constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkPitch = kMkCols + 32, kMkTileBytes = kMkRows * kMkPitch;
+constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
+static_assert(kMkSpan % 32 == 0, "a warp's columns: whole MMA steps");
+// x staged in batches of 8 float4 a consumer thread (its loads all in flight at once)
+constexpr int kMkXQuads = 8, kMkXBatch = 4 * kMkXQuads * kMkConsumers;
 // Attention rows per split: at least kMkMinChunk (each consumer thread scores a row, so shorter
 // splits do not finish sooner, and more than one split costs the combine stage), at most
 // kMkMaxChunk (its scores in shared memory).
@@ -83,9 +105,9 @@ struct MkParams {
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
-    int slots;             // ring slots: a tile of weights (kTmaTile bytes), then its group scales
-    int slot_bytes;        // kTmaTile + the scales of kTmaRows rows of the smallest group size
-    int scratch_bytes;     // x staged for a linear stage, or one attention unit's floats
+    int slots;             // ring slots: a tile of weights (kMkTileBytes), then its group scales
+    int slot_bytes;        // kMkTileBytes + the scales of kMkRows rows of the smallest group size
+    int scratch_bytes;     // x staged for a linear stage (MkX), or one attention unit's floats
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, 4) %globaltimer stamps, else NULL
 };
@@ -124,11 +146,12 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     return v;
 }
 
-// Splits of the attention at position pos: enough (head, split) units to occupy the grid, each of
-// kMkMinChunk rows or more, kMkMaxChunk or fewer.
+// Splits of the attention at position pos: as many (head, split) units as the grid has blocks at
+// most (more would give some blocks two units: the stage twice as long), each of kMkMinChunk rows
+// or more, kMkMaxChunk or fewer (the last rule wins).
 __device__ __forceinline__ int mk_splits(int pos, int n_heads) {
     const int rows = pos + 1;
-    int s = min(ceil_div_dev(gridDim.x, n_heads), ceil_div_dev(rows, kMkMinChunk));
+    int s = min(max(1, (int)gridDim.x / n_heads), ceil_div_dev(rows, kMkMinChunk));
     s = max(s, ceil_div_dev(rows, kMkMaxChunk));
     return max(1, min(s, kMaxSplits));
 }
@@ -152,8 +175,8 @@ __device__ TmaBlock mk_unit(const MkStage &st, int u) {
     b.lrow0 = u * st.a.tma_rows;
     b.lrows = min(st.a.tma_rows, st.a.out[b.j].N - b.lrow0);
     b.prows = st.pair ? 2 * b.lrows : b.lrows;
-    b.col_tiles = ceil_div_dev(st.a.stride, kTmaCols);
-    b.tiles = ceil_div_dev(b.prows, kTmaRows) * b.col_tiles;
+    b.col_tiles = ceil_div_dev(st.a.stride, kMkCols);
+    b.tiles = ceil_div_dev(b.prows, kMkRows) * b.col_tiles;
     return b;
 }
 
@@ -178,6 +201,9 @@ __device__ MkRows mk_rows(const MkStage &st, const TmaBlock &b) {
     r.q1 = r.pair ? o1.q + (size_t)b.lrow0 * r.stride : r.q0, r.s1 = r.pair ? o1.s + (size_t)b.lrow0 * r.groups : r.s0;
     return r;
 }
+
+// Groups of a tile row in its slot's scales: a group size of kMkCols or more has one there.
+__host__ __device__ __forceinline__ int mk_groups_a_row(int gs) { return gs < kMkCols ? kMkCols / gs : 1; }
 
 // A ring position: the tile's number in the step, its slot and how many times the ring has
 // wrapped. Tile `count` belongs to pipe count % kMkPipes.
@@ -208,16 +234,16 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
                 if (!at.mine(pipe)) continue;
                 const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
                 if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
-                const int p0 = t / b.col_tiles * kTmaRows, c0 = t % b.col_tiles * kTmaCols;
-                const int rows = min(kTmaRows, b.prows - p0), len = min(kTmaCols, r.stride - c0);
+                const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
+                const int rows = min(kMkRows, b.prows - p0), len = min(kMkCols, r.stride - c0);
                 if (lane == 0) mbar_arrive_expect(bar, rows * len);
                 __syncwarp();
-                if (lane < rows) bulk_copy_counted(dst + lane * kTmaCols, r.q(p0 + lane) + c0, len, bar);
+                if (lane < rows) bulk_copy_counted(dst + lane * kMkPitch, r.q(p0 + lane) + c0, len, bar);
                 // the tile's scales (groups g0 .. g0 + n of each row) into the slot after the weights,
                 // row k's at k * per_row floats; the slot's barrier completes once they have landed too
-                const int g0 = c0 / gs, n = min(r.groups, (c0 + len + gs - 1) / gs) - g0, per_row = kTmaCols / gs;
+                const int g0 = c0 / gs, n = min(r.groups, (c0 + len + gs - 1) / gs) - g0, per_row = mk_groups_a_row(gs);
                 for (int e = lane; e < rows * n; e += 32)
-                    cp_async_4(dst + kTmaTile + 4 * (e / n * per_row + e % n), r.s(p0 + e / n) + g0 + e % n);
+                    cp_async_4(dst + kMkTileBytes + 4 * (e / n * per_row + e % n), r.s(p0 + e / n) + g0 + e % n);
                 cp_async_arrive(bar);
             }
         }
@@ -225,87 +251,189 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
 }
 
 // ---------------------------------------------------------------- consumers
-// x of a linear stage (K floats, zero to the stride) into x4 as q8_gemv_tma_kernel lays it out
-// (x4[sub * chunks + c] = x[16c + 4sub .. + 4]), copied by cp.async straight from L2 (no register
-// a value, all of it in flight at once); then, with a norm, times the norm weights in place.
-// Returns 1 / rms (1 without a norm). Ends with a barrier.
-__device__ float mk_stage_x(float4 *x4, float *red, const Q8Args &a, bool norm) {
-    const int chunks = a.stride / 16, K = a.K;
-    const float *x = a.x;
-    for (int e = threadIdx.x; e < 4 * chunks; e += kMkConsumers) {   // e: the 4-float piece x[4e ..]
-        const int c = e / 4, sub = e % 4, bytes = max(0, min(16, (K - 4 * e) * 4));
-        cp_async_16((uint32_t)__cvta_generic_to_shared(x4 + sub * chunks + c), bytes ? x + 4 * e : x, bytes);
+// x of a linear stage in shared memory as three int8 digits an element, in the weights' groups:
+// x[k] = u[k / gs] * (d0[k] + d1[k] / 254 + d2[k] / 254^2) to within 1e-5 * u (u: the group's
+// largest |x| / 127), so that a tile's products are int8 x int8, exact in int32 (IMMA), and only
+// each group's sum is scaled in FP32 (bench/NOTES.md 46).
+struct MkX {
+    int8_t *d;     // (3, dpitch): the digits, zero from K to xpad
+    float *u;      // (xpad / 16): u of each group (xpad / gs of them used)
+    float *m16;    // (xpad / 16): the largest |x| of each 16 elements (while staging)
+    int xpad;      // the row stride rounded up to whole tiles
+    int dpitch;    // xpad + 32: digit g's bytes in other banks than digit g + 1's
+};
+__device__ __forceinline__ MkX mk_x(unsigned char *scratch, int stride) {
+    MkX x;
+    x.xpad = ceil_div_dev(stride, kMkCols) * kMkCols;
+    x.dpitch = x.xpad + 32;
+    x.d = reinterpret_cast<int8_t *>(scratch);
+    x.u = reinterpret_cast<float *>(scratch + 3 * x.dpitch);
+    x.m16 = x.u + x.xpad / 16;
+    return x;
+}
+__host__ __device__ __forceinline__ int mk_x_bytes(int stride) {
+    const int xpad = (stride + kMkCols - 1) / kMkCols * kMkCols;
+    return 3 * (xpad + 32) + xpad / 2;
+}
+
+// Four elements of x from k (zero past K), through L2: other SMs wrote them (norm weights too).
+__device__ __forceinline__ float4 mk_load_x4(const float *x, int k, int K) {
+    if (k + 4 <= K && (reinterpret_cast<uintptr_t>(x + k) & 15) == 0) return __ldcg(reinterpret_cast<const float4 *>(x + k));
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (k < K) v.x = __ldcg(x + k);
+    if (k + 1 < K) v.y = __ldcg(x + k + 1);
+    if (k + 2 < K) v.z = __ldcg(x + k + 2);
+    if (k + 3 < K) v.w = __ldcg(x + k + 3);
+    return v;
+}
+
+// The three digits of v (in units of u: v * inv, |v * inv| <= 127) packed a byte each into d[3].
+__device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[3]) {
+    float t = v * inv;
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        const float r = rintf(t);
+        d[j] |= (uint32_t)((int)r & 0xff) << (8 * i);
+        t = (t - r) * 254.0f;
     }
-    cp_async_commit();
-    cp_async_wait<0>();
-    consumer_sync();
-    if (!norm) return 1.0f;
+}
+
+// Stages x (with a norm: times the norm weights) as MkX; returns 1 / rms of the raw x (1 without
+// a norm). Each consumer thread holds kMkXQuads float4 of a batch, all loaded at once. Ends with
+// a barrier.
+__device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool norm) {
+    const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32;
     float sumsq = 0.0f;
-    for (int e = threadIdx.x; e < 4 * chunks && 4 * e < K; e += kMkConsumers) {
-        float4 *v = x4 + e % 4 * chunks + e / 4;
-        float4 xv = *v;
-        const float g[4] = {__ldg(a.norm_w + 4 * e), 4 * e + 1 < K ? __ldg(a.norm_w + 4 * e + 1) : 0.0f,
-                            4 * e + 2 < K ? __ldg(a.norm_w + 4 * e + 2) : 0.0f, 4 * e + 3 < K ? __ldg(a.norm_w + 4 * e + 3) : 0.0f};
-        sumsq += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
-        xv.x *= g[0], xv.y *= g[1], xv.z *= g[2], xv.w *= g[3];
-        *v = xv;
+    for (int base = 0; base < xs.xpad; base += kMkXBatch) {
+        float4 v[kMkXQuads], nw[kMkXQuads];   // x, and the norm weights in the same round of loads
+#pragma unroll
+        for (int i = 0; i < kMkXQuads; i++) {
+            const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
+            v[i] = mk_load_x4(a.x, k, K);
+            if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
+        }
+#pragma unroll
+        for (int i = 0; i < kMkXQuads; i++) {   // the largest |x| of each 16: a lane's 4, then 4 lanes'
+            const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
+            sumsq += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+            if (norm) v[i].x *= nw[i].x, v[i].y *= nw[i].y, v[i].z *= nw[i].z, v[i].w *= nw[i].w;
+            float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            if (lane % 4 == 0 && k < xs.xpad) xs.m16[k / 16] = m;
+        }
+        consumer_sync();
+        const int end = min(xs.xpad, base + kMkXBatch);
+        for (int g = (base >> gshift) + threadIdx.x; g << gshift < end; g += kMkConsumers) {   // each group's u
+            float m = 0.0f;
+            for (int j = g << gshift >> 4; j < min(end, (g + 1) << gshift) >> 4; j++) m = fmaxf(m, xs.m16[j]);
+            xs.u[g] = m / 127.0f;
+        }
+        consumer_sync();
+#pragma unroll
+        for (int i = 0; i < kMkXQuads; i++) {
+            const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
+            if (k >= xs.xpad) break;
+            const float u = xs.u[k >> gshift], inv = u > 0.0f ? 1.0f / u : 0.0f;
+            uint32_t d[3] = {0, 0, 0};
+            mk_digits(v[i].x, inv, 0, d), mk_digits(v[i].y, inv, 1, d), mk_digits(v[i].z, inv, 2, d), mk_digits(v[i].w, inv, 3, d);
+#pragma unroll
+            for (int j = 0; j < 3; j++) *reinterpret_cast<uint32_t *>(xs.d + j * xs.dpitch + k) = d[j];
+        }
     }
-    const float inv_rms = inv_rms_of(consumer_reduce<false>(sumsq, red), K, a.norm_eps);
+    const float inv_rms = norm ? inv_rms_of(consumer_reduce<false>(sumsq, red), K, a.norm_eps) : 1.0f;
     consumer_sync();
     return inv_rms;
 }
 
-// One tile from its slot: acc[k] += scale * (row k's chunk . x's chunk) for this thread's chunk
-// (lt: its place in its group; c: the chunk's place in the row), the scales from the slot too.
-__device__ __forceinline__ void mk_tile_math(float acc[kTmaRows], const unsigned char *slot, const float4 *x4, int chunks, int c,
-                                             int lt, int rows, int shift) {
-    if (c >= chunks) return;
-    const float *scales = reinterpret_cast<const float *>(slot + kTmaTile);
-    const int per_row = kTmaCols / 16 >> shift;
-    float xv[16];
+// d += a . b: a 16 x 32 int8 tile of weights, b 32 x 8 int8 (x's digits in columns 0-2), in int32.
+__device__ __forceinline__ void mk_imma(int d[4], uint2 lo, uint2 hi, uint2 b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(lo.x), "r"(hi.x), "r"(lo.y), "r"(hi.y), "r"(b.x), "r"(b.y));
+}
+
+// A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
+// at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
+// step's columns that x's digits share: the B fragment's bytes of digit g, g < 3, at the same 8c).
+struct MkTile {
+    const unsigned char *w;   // row g, the warp's first column, + 8c
+    const float *scales;      // (kMkRows, mk_groups_a_row(gs)) of the slot
+    int per_row;
+};
+
+// A group's int32 sums (C fragment: columns 2c, 2c + 1 of rows g, g + 8) into this lane's row sums
+// acc[0] (row g), acc[1] (row g + 8): digits 0 and 1 sit in lane c = 0, digit 2 in c = 1 (f: their
+// weights in this lane); times the rows' scales and x's u. gi: the group's place in the tile row.
+__device__ __forceinline__ void mk_group_sum(float acc[2], const int d[4], const float f[2], const MkTile &t, int gi, float u, int g) {
+    const float v0 = fmaf((float)d[1], f[1], (float)d[0] * f[0]), v1 = fmaf((float)d[3], f[1], (float)d[2] * f[0]);
+    acc[0] = fmaf(t.scales[g * t.per_row + gi] * u, v0, acc[0]);
+    acc[1] = fmaf(t.scales[(g + 8) * t.per_row + gi] * u, v1, acc[1]);
+}
+
+// This warp's kMkSpan columns of one tile (its first column c0 + kMkSpan * warp) into acc.
+// Group size 16: each step's halves (lanes c < 2 and c >= 2) are two groups, two MMAs.
+__device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0, int k0,
+                                             int stride, int gshift) {
+    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, steps_a_group = min(kMkSteps, 1 << max(0, gshift - 5));
+    int d[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int sub = 0; sub < 4; sub++) {
-        const float4 v = x4[sub * chunks + c];
-        xv[4 * sub] = v.x, xv[4 * sub + 1] = v.y, xv[4 * sub + 2] = v.z, xv[4 * sub + 3] = v.w;
-    }
+    for (int j = 0; j < kMkSteps; j++) {
+        const int k = k0 + 32 * j;   // the step's first column in the row
+        const uint2 lo = *reinterpret_cast<const uint2 *>(t.w + 32 * j), hi = *reinterpret_cast<const uint2 *>(t.w + 8 * kMkPitch + 32 * j);
+        uint2 b = {0u, 0u};
+        if (g < 3) b = *reinterpret_cast<const uint2 *>(xs.d + g * xs.dpitch + k + 8 * c);
+        if (gshift == 4) {
 #pragma unroll
-    for (int k = 0; k < kTmaRows; k++) {
-        if (k >= rows) break;
-        const int4 w = *reinterpret_cast<const int4 *>(slot + k * kTmaCols + 16 * lt);
-        acc[k] = fmaf(scales[k * per_row + (lt >> shift)], dot16(w, xv), acc[k]);
+            for (int h = 0; h < 2; h++) {
+                const bool mine = (c >> 1) == h;
+                int e[4] = {0, 0, 0, 0};
+                mk_imma(e, lo, hi, make_uint2(mine ? b.x : 0u, mine ? b.y : 0u));
+                const int kh = k + 16 * h;
+                if (kh < stride) mk_group_sum(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
+            }
+            continue;
+        }
+        const int in_group = j & (steps_a_group - 1);
+        if (in_group == 0) d[0] = d[1] = d[2] = d[3] = 0;
+        mk_imma(d, lo, hi, b);
+        const int kg = k - 32 * in_group;   // the group's first column (of the warp's, for groups wider than it)
+        if (in_group == steps_a_group - 1 && kg < stride) mk_group_sum(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
     }
 }
 
-// A row tile's sums of this warp added to its row sums (sums: (consumer warps, prows)).
-__device__ __forceinline__ void mk_flush(float acc[kTmaRows], float *sums, int rt, int prows) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// A row tile's sums of this warp (lanes c = 0, 1 of each row) added to its row sums (sums:
+// (consumer warps, prows)).
+__device__ __forceinline__ void mk_flush(float acc[2], float *sums, int rt, int prows) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
 #pragma unroll
-    for (int k = 0; k < kTmaRows; k++) {
-        const float v = warp_sum(acc[k]);
-        if (lane == 0 && rt * kTmaRows + k < prows) sums[warp * prows + rt * kTmaRows + k] += v;
-        acc[k] = 0.0f;
+    for (int h = 0; h < 2; h++) {
+        const float v = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
+        const int row = rt * kMkRows + g + 8 * h;
+        if (lane % 4 == 0 && row < prows) sums[warp * prows + row] += v;
+        acc[h] = 0.0f;
     }
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
                           float *red) {
-    float4 *x4 = reinterpret_cast<float4 *>(smem + p.slots * p.slot_bytes);
+    const MkX xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
     float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const bool pair = st.pair != 0;
-    const int lane = threadIdx.x % 32, chunks = st.a.stride / 16, shift = st.a.group_shift;
-    const int pipe = threadIdx.x / kMkGroupThreads, lt = threadIdx.x % kMkGroupThreads;
-    const float inv_rms = mk_stage_x(x4, red, st.a, st.norm != 0);
+    const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
+    const int gshift = st.a.group_shift + 4, c = lane % 4;
+    const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
+    const float inv_rms = mk_stage_x(xs, red, st.a, st.norm != 0);
     mk_stamp(p, int(&st - p.stages), 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
         consumer_sync();
-        float acc[kTmaRows] = {};
+        float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(p.slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
-            const int rows = min(kTmaRows, b.prows - rt * kTmaRows);
             if (rt != cur) {
                 if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
@@ -313,7 +441,10 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
             const unsigned char *slot = smem + at.slot * p.slot_bytes;
             mbar_wait(full + 8 * at.slot, at.round & 1);
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
-            mk_tile_math(acc, slot, x4, chunks, ct * kTmaThreads + lt, lt, rows, shift);
+            const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
+            const MkTile tile = {slot + (lane / 4) * kMkPitch + kMkSpan * warp + 8 * c, reinterpret_cast<const float *>(slot + kMkTileBytes),
+                                 mk_groups_a_row(st.a.gs)};
+            if (k0 < st.a.stride) mk_tile_math(acc, tile, xs, f, c0, k0, st.a.stride, gshift);
 #endif
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + 8 * at.slot);   // this warp is done with the slot
@@ -523,11 +654,12 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
     if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
         return snprintf(why, ERR_LEN, "head size %d or context %d", at.head_size, at.seq_len), (GpuMega *)NULL;
-    int dev = 0, optin = 0;
+    int dev = 0, optin = 0, sm_smem = 0, per_sm = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     const int blocks = g->sms * kMkBlocksPerSm;
-    optin = optin < kSmemPerSm / kMkBlocksPerSm - 1024 ? optin : kSmemPerSm / kMkBlocksPerSm - 1024;
+    optin = optin < sm_smem / kMkBlocksPerSm - 1024 ? optin : sm_smem / kMkBlocksPerSm - 1024;   // 1 KB an SM's blocks each keep
     MkStage *host = (MkStage *)calloc(2 * (size_t)n, sizeof(MkStage));
     MkParams p = {};
     p.scratch_bytes = kMkAttnFloats * 4;
@@ -537,11 +669,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         MkStage *st = &host[count++];
         if (m->kind == MEGA_LINEAR) {
             if (!mk_linear_stage(g, &m->linear, blocks, st, why)) return free(host), (GpuMega *)NULL;
-            const int x_bytes = st->a.stride * 4, sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
-            p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;   // x4: 64 bytes a 16-byte chunk
+            const int x_bytes = mk_x_bytes(st->a.stride), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
+            p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;
             p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
-            const int scale_bytes = kTmaRows * (kTmaCols / st->a.gs) * 4;
-            p.slot_bytes = kTmaTile + scale_bytes > p.slot_bytes ? kTmaTile + scale_bytes : p.slot_bytes;
+            const int slot_bytes = kMkTileBytes + kMkRows * mk_groups_a_row(st->a.gs) * 4;
+            p.slot_bytes = slot_bytes > p.slot_bytes ? slot_bytes : p.slot_bytes;
         } else if (m->kind == MEGA_EMBED) {
             const Mat *e = m->embedding;
             st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, kMkConsumers);
@@ -554,10 +686,10 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         }
     }
     p.scratch_bytes = round_up(p.scratch_bytes, 128);
-    p.slot_bytes = round_up(p.slot_bytes > kTmaTile ? p.slot_bytes : kTmaTile, 128);
+    p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
     p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
     p.inputs = g->inputs;
-    for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots--) {}
+    for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots -= kMkPipes) {}
     if (p.slots < kMkMinSlots) {
         free(host);
         snprintf(why, ERR_LEN, "its shared memory (x of %d bytes, row sums of %d) leaves no room for %d ring slots", p.scratch_bytes,
@@ -568,7 +700,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->smem = mk_smem_bytes(p), mg->blocks = blocks, mg->kv_half = at.kv_half;
     void (*kernel)(MkParams) = at.kv_half ? mega_kernel<__half> : mega_kernel<float>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mg->smem));
-    int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMkThreads, mg->smem));
     if (per_sm < kMkBlocksPerSm) {
         free(host), free(mg);

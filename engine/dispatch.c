@@ -15,6 +15,10 @@
 // streams the next layer's first tiles while the current kernel drains, which pays on the 7B
 // shape and not on the smaller ones, whose layers are too short for its set-up (NOTES 22, 25).
 #define COPY_GEMV_MIN_BYTES 4e9
+// Models from this many weight bytes per token decode in one persistent kernel (INT8, sm_90a):
+// it is ahead from the TinyLlama shape up and behind on the 135M shapes, whose steps are stage
+// boundaries more than streaming (NOTES 46).
+#define MEGAKERNEL_MIN_BYTES 5e8
 // Under this many weight bytes per token, kernels launch with PDL: the small models' steps are
 // launch latency, which it hides; the 7B's register-fed GEMV lost with it (NOTES 8).
 #define PDL_MAX_BYTES 1e9
@@ -49,6 +53,6 @@ void resolve_gpu_options(GpuOptions *opt, double weight_bytes_per_token) {
     if (opt->tma_gemv == GPU_AUTO) opt->tma_gemv = weight_bytes_per_token >= COPY_GEMV_MIN_BYTES;
     opt->tma_gemv = opt->tma_gemv && gpu_has_sm90a();
     if (opt->pdl == GPU_AUTO) opt->pdl = weight_bytes_per_token < PDL_MAX_BYTES || opt->tma_gemv;
-    if (opt->megakernel == GPU_AUTO) opt->megakernel = 0;
+    if (opt->megakernel == GPU_AUTO) opt->megakernel = weight_bytes_per_token >= MEGAKERNEL_MIN_BYTES && gpu_has_sm90a();
 }
 #endif

@@ -1714,8 +1714,8 @@ static const GpuRun gpu_runs[] = {
     // where the GPU has no copy engine for it, these run the register-fed GEMV again
     {"copy-engine GEMV, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .tma_gemv = 1), 1e-4, -1, 0, 0},
     {"copy-engine GEMV, no graph, no PDL", GPU_RUN(.tma_gemv = 1), 1e-4, 9, 0, 0},
-    // the decode step in one kernel (INT8): the copy-engine GEMV's arithmetic, row for row; the
-    // attention split otherwise, so near it, not equal
+    // the decode step in one kernel (INT8): x as int8 digits (products exact in int32, each group's
+    // sum scaled in FP32) and the attention split otherwise, so near the copy-engine GEMV, not equal
     {"megakernel, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .megakernel = 1), 1e-4, 9, 0, 1e-5},
     {"megakernel, no graph, no PDL", GPU_RUN(.megakernel = 1), 1e-4, 11, 0, 0},
     {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, -1, 0, 0},
