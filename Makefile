@@ -22,7 +22,7 @@ SHARED_MODELS ?= ../shared/models
 # GGUF), which quantize imports.
 READERS    := json safetensors gguf
 TOKENIZERS := tokenizer bpe tokenizer_json unicode tokfile text
-ENGINE     := model util forward cpu vec gpu dispatch sampler pool import $(READERS) $(TOKENIZERS)
+ENGINE     := model util forward cpu vec vec_q8q8 gpu dispatch sampler pool import $(READERS) $(TOKENIZERS)
 ENGINE_SRC := $(addprefix engine/,$(addsuffix .c,$(ENGINE)))
 HEADERS    := $(wildcard engine/*.h)
 CUDA_SRC   := kernels.cu $(wildcard cuda/*.cuh) engine/kernels.h engine/model.h

@@ -78,3 +78,5 @@ row "decode, INT8 GS 64" "$(llamacpp q8_0 1088 -p 0 -n 128); $(llamacpp f16 391 
 row "decode, INT8 GS 128" "" decode "$out/code15M_q128.bin" -n 256
 row "prefill of 254 tokens, FP32" "" prefill "$model" -n 256 -p "$prompt"
 row "prefill of 254 tokens, INT8 GS 64" "$(llamacpp q8_0 9757 -p 256 -n 0)" prefill "$out/code15M_q64.bin" -n 256 -p "$prompt"
+row "prefill, INT8 GS 64, --int8-prefill" "" prefill "$out/code15M_q64.bin" -n 256 -p "$prompt" --int8-prefill
+row "prefill, INT8 GS 128, --int8-prefill" "" prefill "$out/code15M_q128.bin" -n 256 -p "$prompt" --int8-prefill

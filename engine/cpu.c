@@ -15,11 +15,21 @@
 #include "util.h"
 #include "vec.h"
 
+// A prompt chunk of this many tokens or more takes the int8 x int8 matmul where it may
+// (cpu_exec_int8_prefill): below it, packing the weights' tiles costs more than it saves.
+#define INT8_ACT_MIN_TOKENS 16
+
 // The CPU executor's own state (Exec.priv).
 typedef struct {
     float *tiles;       // (threads, VEC_TILE_ROWS, max_cols): each thread's dequantized weight rows
     float *rope_freq;   // (head_dim / 2): rope_frequencies()
     float *rope_cs;     // (head_dim / 2, 2): cos and sin of one token's angles
+    int int8_prefill;   // cpu_exec_int8_prefill: prompt chunks on int8 x int8 where the CPU has it
+    int int8_step;      // this step takes it (cpu_begin)
+    void *act;          // the step's quantized input (vec_act_q8_bytes), grown as needed
+    size_t act_bytes;
+    void *q8_scratch;   // (threads, q8_scratch_bytes): the int8 x int8 matmul's packed tiles
+    size_t q8_scratch_bytes;
 } CpuState;
 #define CPU(e) ((CpuState *)(e)->priv)
 
@@ -72,6 +82,9 @@ typedef struct {
     float *out[MAX_JOB_MATS];
     float *tiles;   // CpuState.tiles
     size_t tile_cols;
+    const VecActQ8 *act;   // non-NULL: in quantized, for the int8 x int8 matmul
+    char *q8_scratch;      // with act: CpuState.q8_scratch
+    size_t q8_scratch_bytes;
 } MatmulJob;
 
 // Rows lo..hi of the job's rows: each matrix's share of them against all M inputs (each weight
@@ -81,8 +94,41 @@ static void matmul_rows(void *ctx, int lo, int hi, int slot) {
     float *scratch = j->tiles + (size_t)slot * VEC_TILE_ROWS * j->tile_cols;
     for (int i = 0, first = 0; i < j->n && first < hi; first += j->w[i]->rows, i++) {
         const int a = lo > first ? lo - first : 0, b = hi - first < j->w[i]->rows ? hi - first : j->w[i]->rows;
-        if (a < b) vec_matmul_slice(j->w[i], j->in, j->M, j->out[i], j->accumulate, a, b, scratch);
+        if (a < b && j->act) vec_matmul_q8q8_slice(j->w[i], j->act, j->out[i], j->accumulate, a, b, j->q8_scratch + slot * j->q8_scratch_bytes);
+        else if (a < b) vec_matmul_slice(j->w[i], j->in, j->M, j->out[i], j->accumulate, a, b, scratch);
     }
+}
+
+static void quantize_tokens(void *ctx, int lo, int hi, int slot) {
+    (void)slot;
+    const MatmulJob *j = ctx;
+    vec_quantize_act(j->in, j->act, lo, hi);
+}
+
+// Whether this step's matmuls of w take the int8 x int8 path: a prompt chunk (cpu_begin), INT8
+// weights of one group size, a CPU that has it.
+static int takes_int8(const Exec *e, int n, const Mat *const *w) {
+    int ok = CPU(e)->int8_step;
+    for (int i = 0; i < n && ok; i++) ok = vec_int8_act_supported(w[i]) && w[i]->gs == w[0]->gs;
+    return ok;
+}
+
+// The job's input quantized into CpuState.act (grown to it), and each thread's scratch sized.
+static VecActQ8 quantize_input(Exec *e, MatmulJob *j) {
+    CpuState *c = CPU(e);
+    const Mat *w = j->w[0];
+    const size_t need = vec_act_q8_bytes(j->M, w->cols, w->gs), scratch = vec_q8q8_scratch_bytes(w->cols, w->gs);
+    if (need > c->act_bytes) free(c->act), c->act = xcalloc(need, 1), c->act_bytes = need;
+    if (scratch > c->q8_scratch_bytes)
+        free(c->q8_scratch), c->q8_scratch = xcalloc((size_t)pool_threads(), scratch), c->q8_scratch_bytes = scratch;
+    VecActQ8 a = {.M = j->M, .K = w->cols, .kpad = (w->cols + 3) / 4 * 4, .gs = w->gs, .blk = vec_act_block(w->gs)};
+    a.blocks = (a.K + a.blk - 1) / a.blk;
+    a.q = c->act, a.s = (float *)(a.q + (size_t)a.M * a.kpad);
+    j->act = &a;
+    parallel_for(j->M, 4, quantize_tokens, j);
+    j->act = NULL;
+    j->q8_scratch = c->q8_scratch, j->q8_scratch_bytes = c->q8_scratch_bytes;
+    return a;
 }
 
 // Under this many multiply-adds a slice, handing work to another thread costs more than it saves.
@@ -92,9 +138,11 @@ static void matmul_rows(void *ctx, int lo, int hi, int slot) {
 // split over the pool's threads; each output is one thread's, summed in the same order whatever
 // the thread count.
 static void cpu_matmuls(Exec *e, Input input, int M, int n, const Mat *const *w, float *const *out, int accumulate) {
-    MatmulJob j = {cpu_apply_norm(e, input, M), M, accumulate, n, {0}, {0}, CPU(e)->tiles, max_cols(&e->cfg)};
+    MatmulJob j = {cpu_apply_norm(e, input, M), M, accumulate, n, {0}, {0}, CPU(e)->tiles, max_cols(&e->cfg), NULL, NULL, 0};
     int rows = 0;
     for (int i = 0; i < n; i++) j.w[i] = w[i], j.out[i] = out[i], rows += w[i]->rows;
+    VecActQ8 act;
+    if (takes_int8(e, n, w)) act = quantize_input(e, &j), j.act = &act;
     const long per_row = (long)w[0]->cols * M;
     parallel_for(rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }
@@ -182,17 +230,11 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
         const int m = item / p->n_heads, h = item % p->n_heads, last = token_pos(j->st, m);
         const size_t loff = cache_offset(e, j->st, j->layer, m);
         const float *q = e->s.q + (size_t)m * q_dim + h * head_size;
-        for (int t = 0; t <= last; t++) {
-            const float *k = (const float *)e->s.key_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-            att[t] = vec_dot(q, k, head_size) / sqrtf(head_size);
-        }
+        const size_t head = loff + (size_t)(h / kv_mul) * head_size;   // of the head's row 0 in the caches
+        vec_scores(q, (const float *)e->s.key_cache + head, kv_dim, last + 1, head_size, att);
         softmax(att, last + 1);
-        float *xb = e->s.xb + (size_t)m * q_dim + h * head_size;
-        memset(xb, 0, head_size * sizeof(float));
-        for (int t = 0; t <= last; t++) {
-            const float *v = (const float *)e->s.value_cache + loff + (size_t)t * kv_dim + (h / kv_mul) * head_size;
-            vec_axpy(xb, att[t], v, head_size);
-        }
+        vec_weighted_sum(e->s.xb + (size_t)m * q_dim + h * head_size, att, (const float *)e->s.value_cache + head, kv_dim, last + 1,
+                         head_size);
     }
 }
 
@@ -224,15 +266,18 @@ static void cpu_release(Exec *e) {
     void *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->hb, s->hb2, s->att, s->logits, s->key_cache, s->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(CPU(e)->tiles);
+    free(CPU(e)->act);
+    free(CPU(e)->q8_scratch);
     free(CPU(e)->rope_freq);
     free(CPU(e)->rope_cs);
     free(e->priv);
 }
 
-// "cpu kernels x86-64-v4 (AVX-512), 2 threads"
+// "cpu kernels x86-64-v4 (AVX-512), 2 threads[, int8 x int8 prefill (AVX512-VNNI)]"
 static void cpu_describe_run(const Exec *e, char *buf, size_t n) {
-    (void)e;
-    snprintf(buf, n, "cpu kernels %s, %d thread%s", vec_isa_name(), pool_threads(), pool_threads() > 1 ? "s" : "");
+    const int int8 = CPU(e)->int8_prefill && vec_has_int8_act();
+    snprintf(buf, n, "cpu kernels %s, %d thread%s%s", vec_isa_name(), pool_threads(), pool_threads() > 1 ? "s" : "",
+             int8 ? ", int8 x int8 prefill (AVX512-VNNI)" : "");
 }
 
 static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
@@ -249,8 +294,19 @@ static void cpu_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq,
     cpu_rope_store(e, layer, st);
 }
 
+// A prompt chunk long enough takes the int8 x int8 matmul, where enabled.
+static StepStart cpu_begin(Exec *e, const int *tokens, const Step *st, int all_logits) {
+    (void)tokens, (void)all_logits;
+    CpuState *c = CPU(e);
+    c->int8_step = c->int8_prefill && st->layout == ONE_SEQUENCE && st->M >= INT8_ACT_MIN_TOKENS;
+    return RUN_THE_OPS;
+}
+
+void cpu_exec_int8_prefill(Exec *e, int on) { CPU(e)->int8_prefill = on; }
+
 static const Ops cpu_ops = {
     .name = "cpu",
+    .begin = cpu_begin,
     .embed = cpu_embed,
     .matmul = cpu_matmul,
     .qkv = cpu_qkv,

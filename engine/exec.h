@@ -147,6 +147,9 @@ size_t weight_bytes_per_token(const Model *m, int fp16);
 
 // n_seqs KV caches of `context` positions (0: the model's).
 void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context);
+// Prompt chunks of INT8 models on the int8 x int8 matmul (vec.h: x quantized, an approximation)
+// where the CPU has it (run --int8-prefill); off after cpu_exec_init (the reference arithmetic).
+void cpu_exec_int8_prefill(Exec *e, int on);
 
 typedef enum { PATH_FUSED, PATH_UNFUSED, PATH_FP16 } GpuPath;
 #define GPU_AUTO -1   // an option the executor sets from the model's size (dispatch.c)

@@ -18,6 +18,7 @@
 // supports chosen at the first call; elsewhere once, for the compiler's target (NEON on ARM).
 #include "vec.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -44,8 +45,8 @@ typedef int32_t i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
 typedef struct {
     const char *name;
     void (*matmul_slice)(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch);
-    float (*dot)(const float *x, const float *y, int n);
-    void (*axpy)(float *y, float a, const float *x, int n);
+    void (*scores)(const float *q, const float *keys, size_t stride, int T, int n, float *att);
+    void (*weighted_sum)(float *out, const float *att, const float *values, size_t stride, int T, int n);
 } VecIsa;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -81,10 +82,10 @@ typedef struct {
 
 static const VecIsa isas[] = {
 #ifdef X86_CLONES
-    {"x86-64-v4 (AVX-512)", matmul_slice_v4, dot_v4, axpy_v4},
-    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, dot_v3, axpy_v3},
+    {"x86-64-v4 (AVX-512)", matmul_slice_v4, scores_v4, weighted_sum_v4},
+    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, scores_v3, weighted_sum_v3},
 #endif
-    {VEC_BASE_NAME, matmul_slice_base, dot_base, axpy_base},
+    {VEC_BASE_NAME, matmul_slice_base, scores_base, weighted_sum_base},
 };
 #define N_ISAS ((int)(sizeof isas / sizeof isas[0]))
 
@@ -119,5 +120,9 @@ int vec_isa_count(void) { return N_ISAS; }
 void vec_matmul_slice(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch) {
     isa()->matmul_slice(w, in, M, out, accumulate, lo, hi, scratch);
 }
-float vec_dot(const float *x, const float *y, int n) { return isa()->dot(x, y, n); }
-void vec_axpy(float *y, float a, const float *x, int n) { isa()->axpy(y, a, x, n); }
+void vec_scores(const float *q, const float *keys, size_t stride, int T, int n, float *att) {
+    isa()->scores(q, keys, stride, T, n, att);
+}
+void vec_weighted_sum(float *out, const float *att, const float *values, size_t stride, int T, int n) {
+    isa()->weighted_sum(out, att, values, stride, T, n);
+}

@@ -8,6 +8,9 @@
 #ifndef VEC_H
 #define VEC_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "model.h"
 
 #define VEC_TILE_ROWS 4   // weight rows a tile reads together (and the scratch rows per thread)
@@ -17,10 +20,39 @@
 // dequantizes a tile's rows into it once for all M tokens).
 void vec_matmul_slice(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch);
 
-// x . y over n floats (attention's q . k), the same lane order as the matmul.
-float vec_dot(const float *x, const float *y, int n);
-// y += a * x over n floats (attention's weighted sum of values).
-void vec_axpy(float *y, float a, const float *x, int n);
+// Attention of one query: att[t] = (q . k_t) / sqrt(n) for t < T, k_t = keys + t * stride (each
+// dot in the matmul's lane order);
+void vec_scores(const float *q, const float *keys, size_t stride, int T, int n, float *att);
+// out (n) = sum over t < T, in order, of att[t] * v_t, v_t = values + t * stride.
+void vec_weighted_sum(float *out, const float *att, const float *values, size_t stride, int T, int n);
+
+// ---- The int8 x int8 prefill (x86-64 with AVX512-VNNI): an approximation, not the reference.
+// The activations are quantized per token and block of VEC_ACT_BLOCK elements (fewer where the
+// weights' gs is not a multiple of it) to int8 (x / s rounded, s = the block's largest |x| / 127;
+// kept + 128 as u8 for vpdpbusd), so the products are exact int32 sums and only each block's sum
+// is scaled in FP32 (by the weights' group scale times s); weights 16 rows at a time, their 4-byte
+// columns interleaved, so that one vector's lanes are 16 rows' sums. x's rounding is the error
+// (bench/NOTES.md 45, 47); each output depends on its row and token only.
+#define VEC_ACT_BLOCK 32   // as llama.cpp's Q8 activations: larger blocks cost accuracy (bench/NOTES.md 47)
+typedef struct {
+    uint8_t *q;   // (M, kpad): round(x / s) + 128; 128 (zero) past K
+    float *s;     // (M, blocks): s of each block
+    int M, K, kpad, gs;
+    int blk, blocks;   // vec_act_block(gs) elements a block, ceil(K / blk) of them
+} VecActQ8;
+// The block: the largest power of two that divides gs, VEC_ACT_BLOCK at most (a block lies in one group).
+int vec_act_block(int gs);
+// Whether the CPU has it; and w is INT8 with gs a multiple of 4 too.
+int vec_has_int8_act(void);
+int vec_int8_act_supported(const Mat *w);
+// Bytes of VecActQ8's q and s for M tokens of w's input; a thread's scratch for the matmul.
+size_t vec_act_q8_bytes(int M, int K, int gs);
+size_t vec_q8q8_scratch_bytes(int K, int gs);
+// a: its q, s and sizes set (q, s from a buffer of vec_act_q8_bytes); quantizes tokens lo..hi of x (M, K).
+void vec_quantize_act(const float *x, const VecActQ8 *a, int lo, int hi);
+// out[m][r] (+)= W[r] . x[m] for rows lo..hi of w against a's M tokens; scratch: a thread's
+// vec_q8q8_scratch_bytes.
+void vec_matmul_q8q8_slice(const Mat *w, const VecActQ8 *a, float *out, int accumulate, int lo, int hi, void *scratch);
 
 // The instruction set in use, e.g. "x86-64-v4 (AVX-512)". Tests run every one the CPU has:
 // vec_select_isa(i) for i < vec_isa_count() (0, or -1 where the CPU lacks it; not thread-safe).

@@ -184,9 +184,42 @@ static float ISA_NAME(dot)(const float *x, const float *y, int n) {
     return s;
 }
 
-static void ISA_NAME(axpy)(float *y, float a, const float *x, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
+// att[t] = (q . k_t) / sqrt(n), k_t = keys + t * stride: dot's arithmetic for each, in one call.
+static void ISA_NAME(scores)(const float *q, const float *keys, size_t stride, int T, int n, float *att) {
+    const float root = sqrtf((float)n);
+    for (int t = 0; t < T; t++) att[t] = ISA_NAME(dot)(q, keys + (size_t)t * stride, n) / root;
 }
+
+// out = sum over t < T, in order, of att[t] * v_t (v_t = values + t * stride), each element
+// out = out + a * v from zero, with up to WSUM_VECS vectors of out held in registers across all t
+// (one call: no load and store of out, no call, per t).
+#define WSUM_VECS 8
+static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *values, size_t stride, int T, int n) {
+    int c0 = 0;
+    for (; c0 + LANES <= n; c0 += WSUM_VECS * LANES) {
+        const int nv = (n - c0) / LANES < WSUM_VECS ? (n - c0) / LANES : WSUM_VECS;
+        f32v acc[WSUM_VECS];
+        UNROLL for (int i = 0; i < WSUM_VECS; i++) acc[i] = (f32v){0};
+        for (int t = 0; t < T; t++) {
+            const float *v = values + (size_t)t * stride + c0;
+            const float a = att[t];
+            UNROLL for (int i = 0; i < WSUM_VECS; i++)
+                if (i < nv) acc[i] += a * load_f32(v + i * LANES);
+        }
+        UNROLL for (int i = 0; i < WSUM_VECS; i++)
+            if (i < nv) memcpy(out + c0 + i * LANES, &acc[i], sizeof acc[i]);
+        if (nv < WSUM_VECS) {
+            c0 += nv * LANES;
+            break;
+        }
+    }
+    for (int j = c0; j < n; j++) {   // the columns past the last whole vector
+        float s = 0.0f;
+        for (int t = 0; t < T; t++) s += att[t] * values[(size_t)t * stride + j];
+        out[j] = s;
+    }
+}
+#undef WSUM_VECS
 
 #undef UNROLL
 #undef load_f32

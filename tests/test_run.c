@@ -550,6 +550,82 @@ static void test_cpu_matmul(void) {
     check(tested > 0, "cpu matmul: at least one instruction set runs here", "none of %d", vec_isa_count());
 }
 
+// The int8 x int8 prefill matmul (vec_q8q8.c, CPUs with AVX512-VNNI): x quantized per token and
+// block (each element within half a step of x), then the matmul
+// against the float64 product of the weights with that quantized x, within 1e-5 x sum_k |w x|
+// (only FP32 rounding of the group sums may differ: the products are exact integers); against
+// the unquantized x within relative L2 5e-2 (the quantization's cost: x here has an element 8x the
+// others' range in every 7, so its groups' steps are coarse; 1-2e-2 measured); outputs poisoned first,
+// accumulating, a slice split at an odd row and the last token alone giving the same bits.
+static const char *q8q8_failure(int N, int K, int gs, int M, char what[200]) {
+    float *x = talloc((size_t)M * K * sizeof(float)), *y0 = talloc((size_t)M * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = urand_unit() * (i % 7 == 3 ? 8.0f : 1.0f);   // a few larger elements
+    for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = urand_unit();
+    const Mat w = random_mat(N, K, 1, gs, 0.5f);
+    VecActQ8 a = {.M = M, .K = K, .kpad = round_up(K, 4), .gs = gs, .blk = vec_act_block(gs), .blocks = ceil_div(K, vec_act_block(gs))};
+    a.q = talloc(vec_act_q8_bytes(M, K, gs)), a.s = (float *)(a.q + (size_t)M * a.kpad);
+    memset(a.q, 0x55, vec_act_q8_bytes(M, K, gs));   // poison
+    vec_quantize_act(x, &a, 0, M);
+    float *xd = talloc((size_t)M * K * sizeof(float));   // the quantized x, as the matmul sees it
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++) {
+            const float s = a.s[m * a.blocks + k / a.blk];
+            const double d = ((int)a.q[(size_t)m * a.kpad + k] - 128) * (double)s;
+            xd[(size_t)m * K + k] = (float)d;
+            if (!(fabs(d - x[(size_t)m * K + k]) <= 0.5 * s * (1 + 1e-5) + 1e-30))
+                return snprintf(what, 200, "M %d: x[%d][%d] = %g quantized to %g (step %g)", M, m, k, x[(size_t)m * K + k], d, s), what;
+        }
+    for (int m = 0; m < M; m++)
+        for (int k = K; k < a.kpad; k++)
+            if (a.q[(size_t)m * a.kpad + k] != 128) return snprintf(what, 200, "M %d: padding of token %d is not 128", M, m), what;
+    double *wd = mat_to_f64(&w), *ref = talloc((size_t)M * N * sizeof(double)), *mag = talloc((size_t)M * N * sizeof(double));
+    double *exact = talloc((size_t)M * N * sizeof(double)), *emag = talloc((size_t)M * N * sizeof(double));
+    linear_ref_f64(wd, N, K, xd, M, ref, mag);
+    linear_ref_f64(wd, N, K, x, M, exact, emag);
+    free(wd);
+    void *scratch = talloc(vec_q8q8_scratch_bytes(K, gs));
+    float *y[4];
+    const int splits[4] = {N, N, N / 2 | 1, N};
+    for (int v = 0; v < 4; v++) {   // whole, accumulating, split, the last token alone
+        const int Mv = v == 3 ? 1 : M;
+        VecActQ8 av = a;
+        if (v == 3) av.M = 1, av.q += (size_t)(M - 1) * a.kpad, av.s += (size_t)(M - 1) * a.blocks;
+        y[v] = talloc((size_t)Mv * N * sizeof(float));
+        for (size_t i = 0; i < (size_t)Mv * N; i++) y[v][i] = v == 1 ? y0[i] : NAN;
+        vec_matmul_q8q8_slice(&w, &av, y[v], v == 1, 0, splits[v], scratch);
+        vec_matmul_q8q8_slice(&w, &av, y[v], v == 1, splits[v], N, scratch);
+    }
+    const char *bad = check_ref(y[0], ref, mag, M, N, 1e-5, what);
+    const double e = rel_l2(y[0], exact, (size_t)M * N);
+    if (!bad && !(e <= 5e-2)) snprintf(what, 200, "M %d: relative L2 %.3e from the unquantized product", M, e), bad = what;
+    for (size_t i = 0; i < (size_t)M * N && !bad; i++) {
+        if (!(y[1][i] == y0[i] + y[0][i])) snprintf(what, 200, "M %d: accumulating differs", M), bad = what;
+        else if (!(y[2][i] == y[0][i])) snprintf(what, 200, "M %d: a slice split at an odd row gives other bits", M), bad = what;
+        else if (i >= (size_t)(M - 1) * N && !(y[3][i - (size_t)(M - 1) * N] == y[0][i]))
+            snprintf(what, 200, "M %d: the last token alone gives other bits", M), bad = what;
+    }
+    return bad;
+}
+
+static void test_cpu_matmul_q8q8(void) {
+    static const int shapes[][3] = {   // N, K, gs
+        {1, 16, 16}, {7, 33, 16}, {13, 100, 32}, {33, 288, 64}, {17, 172, 64}, {9, 130, 128}, {31, 257, 48}, {6, 40, 8}, {40, 768, 128},
+    };
+    static const int Ms[] = {1, 3, 8, 9, 17, 33};
+    if (!vec_has_int8_act()) {
+        skip("cpu int8 x int8 prefill matmul", "this CPU has no AVX512-VNNI");
+        return;
+    }
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        char name[160], what[200];
+        const char *bad = NULL;
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0] && !bad; i++) bad = q8q8_failure(shapes[sh][0], shapes[sh][1], shapes[sh][2], Ms[i], what);
+        snprintf(name, sizeof name, "cpu int8 x int8 matmul: N %d K %d gs %d, M 1 to 33", shapes[sh][0], shapes[sh][1], shapes[sh][2]);
+        check(!bad, name, "%s", bad);
+        arena_free();
+    }
+}
+
 static const Config small_shapes[] = {
     LLAMA2C_CONFIG(48, 172, 2, 6, 2, 67, 24),    // head size 8, grouped-query ratio 3, hidden not a multiple of any GS
     LLAMA2C_CONFIG(64, 100, 1, 4, 4, 50, 16),    // no grouping
@@ -590,6 +666,43 @@ static void test_cpu_forward(void) {
                 e.ops->release(&e);
                 arena_free();
             }
+}
+
+// The int8 x int8 prefill in the CPU executor (cpu_exec_int8_prefill): a prompt of 16 tokens or
+// more in one chunk within relative L2 2e-2 of the float64 reference (the exact path: 1e-4), and
+// not equal to the exact path's logits (so it ran); one token at a time it is the exact path.
+static void test_cpu_int8_prefill(void) {
+    if (!vec_has_int8_act()) {
+        skip("cpu int8 x int8 prefill in the executor", "this CPU has no AVX512-VNNI");
+        return;
+    }
+    for (size_t si = 0; si < sizeof small_shapes / sizeof small_shapes[0]; si++) {
+        Config c = small_shapes[si];
+        Model m;
+        random_model(&m, c, 1, 32, 0);
+        const int T = c.seq_len;
+        int *tokens = talloc(T * sizeof(int));
+        for (int t = 0; t < T; t++) tokens[t] = random_u32(&rng_state) % c.vocab_size;
+        double *ref = ref_forward(&m, tokens, T);
+        Exec exact, fast;
+        cpu_exec_init(&exact, &m, 1, 0);
+        float *want = exec_logits(&exact, tokens, T, T), *seq = exec_logits(&exact, tokens, T, 1);
+        exact.ops->release(&exact);
+        cpu_exec_init(&fast, &m, 1, 0);
+        cpu_exec_int8_prefill(&fast, 1);
+        float *got = exec_logits(&fast, tokens, T, T), *got_seq = exec_logits(&fast, tokens, T, 1);
+        fast.ops->release(&fast);
+        const double err = rel_l2(got, ref, (size_t)T * c.vocab_size);
+        double diff = 0, seq_diff = 0;
+        for (size_t i = 0; i < (size_t)T * c.vocab_size; i++) diff = fmax(diff, fabs(got[i] - want[i])), seq_diff = fmax(seq_diff, fabs(got_seq[i] - seq[i]));
+        char name[160];
+        snprintf(name, sizeof name, "cpu int8 x int8 prefill of %d tokens vs float64 reference: shape %zu (relative L2 < 2e-2, not the exact path's bits)", T, si);
+        check(err <= 2e-2 && diff > 0, name, "relative L2 error %.3e, max difference from the exact path %.3e", err, diff);
+        printf("     (int8 x int8 prefill: relative L2 error %.2e)\n", err);
+        snprintf(name, sizeof name, "cpu int8 x int8 prefill enabled, one token at a time == the exact path: shape %zu", si);
+        check(seq_diff == 0.0, name, "max difference %.3e", seq_diff);
+        arena_free();
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -1187,6 +1300,8 @@ static void test_imports(void) {
 
 static void test_cpu(void) {
     test_cpu_matmul();
+    test_cpu_matmul_q8q8();
+    test_cpu_int8_prefill();
     test_cpu_forward();
     test_cpu_batch();
     test_topp_sampling();
