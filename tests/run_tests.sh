@@ -228,8 +228,8 @@ for pair in "models/stories260K_q8.bin $T" "models/code15M.bin tokenizer.bin"; d
     for f in "" --int8-prefill; do
         $RUN $q -z $2 -p "$p" -t 0 -n 200 --device cpu --threads 1 $f > "$tmp/t1.txt" 2>/dev/null
         $RUN $q -z $2 -p "$p" -t 0 -n 200 --device cpu --threads 3 $f > "$tmp/t3.txt" 2>/dev/null
-        if [ -s "$tmp/t1.txt" ] && cmp -s "$tmp/t1.txt" "$tmp/t3.txt"; then ok "$1 int8 greedy $f: --threads 1 == --threads 3"
-        else bad "$1 int8 greedy $f: --threads 1 == --threads 3" "texts differ or empty"; fi
+        if [ -s "$tmp/t1.txt" ] && cmp -s "$tmp/t1.txt" "$tmp/t3.txt"; then ok "$1 int8 greedy${f:+ $f}: --threads 1 == --threads 3"
+        else bad "$1 int8 greedy${f:+ $f}: --threads 1 == --threads 3" "texts differ or empty"; fi
     done
 done
 end_section
