@@ -113,22 +113,18 @@ static int takes_int8(const Exec *e, int n, const Mat *const *w) {
     return ok;
 }
 
-// The job's input quantized into CpuState.act (grown to it), and each thread's scratch sized.
-static VecActQ8 quantize_input(Exec *e, MatmulJob *j) {
+// The job's input quantized into act, held in CpuState.act (grown to it), and each thread's
+// scratch sized: the job then takes the int8 x int8 matmul.
+static void quantize_input(Exec *e, MatmulJob *j, VecActQ8 *act) {
     CpuState *c = CPU(e);
     const Mat *w = j->w[0];
     const size_t need = vec_act_q8_bytes(j->M, w->cols, w->gs), scratch = vec_q8q8_scratch_bytes(w->cols, w->gs);
     if (need > c->act_bytes) free(c->act), c->act = xcalloc(need, 1), c->act_bytes = need;
     if (scratch > c->q8_scratch_bytes)
         free(c->q8_scratch), c->q8_scratch = xcalloc((size_t)pool_threads(), scratch), c->q8_scratch_bytes = scratch;
-    VecActQ8 a = {.M = j->M, .K = w->cols, .kpad = (w->cols + 3) / 4 * 4, .gs = w->gs, .blk = vec_act_block(w->gs)};
-    a.blocks = (a.K + a.blk - 1) / a.blk;
-    a.q = c->act, a.s = (float *)(a.q + (size_t)a.M * a.kpad);
-    j->act = &a;
+    *act = vec_act_q8(j->M, w->cols, w->gs, c->act);
+    j->act = act, j->q8_scratch = c->q8_scratch, j->q8_scratch_bytes = c->q8_scratch_bytes;
     parallel_for(j->M, 4, quantize_tokens, j);
-    j->act = NULL;
-    j->q8_scratch = c->q8_scratch, j->q8_scratch_bytes = c->q8_scratch_bytes;
-    return a;
 }
 
 // Under this many multiply-adds a slice, handing work to another thread costs more than it saves.
@@ -142,7 +138,7 @@ static void cpu_matmuls(Exec *e, Input input, int M, int n, const Mat *const *w,
     int rows = 0;
     for (int i = 0; i < n; i++) j.w[i] = w[i], j.out[i] = out[i], rows += w[i]->rows;
     VecActQ8 act;
-    if (takes_int8(e, n, w)) act = quantize_input(e, &j), j.act = &act;
+    if (takes_int8(e, n, w)) quantize_input(e, &j, &act);
     const long per_row = (long)w[0]->cols * M;
     parallel_for(rows, (int)(MIN_SLICE_WORK / per_row + 1), matmul_rows, &j);
 }

@@ -38,17 +38,19 @@ typedef struct {
     uint8_t *q;   // (M, kpad): round(x / s) + 128; 128 (zero) past K
     float *s;     // (M, blocks): s of each block
     int M, K, kpad, gs;
-    int blk, blocks;   // vec_act_block(gs) elements a block, ceil(K / blk) of them
+    int blk, blocks;   // elements a block (VEC_ACT_BLOCK, or the largest power of two dividing gs
+                       // below it: a block lies in one group), ceil(K / blk) blocks
 } VecActQ8;
-// The block: the largest power of two that divides gs, VEC_ACT_BLOCK at most (a block lies in one group).
-int vec_act_block(int gs);
+// The layout of M tokens of width K, for weights of group size gs, in buf (vec_act_q8_bytes of
+// it; NULL: the sizes alone).
+VecActQ8 vec_act_q8(int M, int K, int gs, void *buf);
 // Whether the CPU has it; and w is INT8 with gs a multiple of 4 too.
 int vec_has_int8_act(void);
 int vec_int8_act_supported(const Mat *w);
 // Bytes of VecActQ8's q and s for M tokens of w's input; a thread's scratch for the matmul.
 size_t vec_act_q8_bytes(int M, int K, int gs);
 size_t vec_q8q8_scratch_bytes(int K, int gs);
-// a: its q, s and sizes set (q, s from a buffer of vec_act_q8_bytes); quantizes tokens lo..hi of x (M, K).
+// a: from vec_act_q8 with a buffer; quantizes tokens lo..hi of x (M, K) into it.
 void vec_quantize_act(const float *x, const VecActQ8 *a, int lo, int hi);
 // out[m][r] (+)= W[r] . x[m] for rows lo..hi of w against a's M tokens; scratch: a thread's
 // vec_q8q8_scratch_bytes.

@@ -18,21 +18,29 @@
 #define TILE_ROWS 16   // a vector's int32 lanes
 #define TILE_TOKENS 8
 
-int vec_act_block(int gs) {
+// A block: the largest power of two that divides gs, VEC_ACT_BLOCK at most (it lies in one group).
+static int act_block(int gs) {
     int b = VEC_ACT_BLOCK;
     while (gs % b) b /= 2;
     return b;
 }
 
+VecActQ8 vec_act_q8(int M, int K, int gs, void *buf) {
+    VecActQ8 a = {.M = M, .K = K, .kpad = (K + 3) / 4 * 4, .gs = gs, .blk = act_block(gs)};
+    a.blocks = (K + a.blk - 1) / a.blk;
+    a.q = buf, a.s = buf ? (float *)(a.q + (size_t)M * a.kpad) : NULL;
+    return a;
+}
+
 size_t vec_act_q8_bytes(int M, int K, int gs) {
-    const size_t kpad = (size_t)(K + 3) / 4 * 4, blocks = (size_t)(K + vec_act_block(gs) - 1) / vec_act_block(gs);
-    return (size_t)M * kpad + (size_t)M * blocks * sizeof(float);
+    const VecActQ8 a = vec_act_q8(M, K, gs, NULL);
+    return (size_t)M * a.kpad + (size_t)M * a.blocks * sizeof(float);
 }
 
 // packed (kpad / 4, 16, 4) bytes, corr (blocks, 16) int32, scales (blocks, 16) floats
 size_t vec_q8q8_scratch_bytes(int K, int gs) {
-    const size_t kpad = (size_t)(K + 3) / 4 * 4, blocks = (size_t)(K + vec_act_block(gs) - 1) / vec_act_block(gs);
-    return kpad * TILE_ROWS + blocks * TILE_ROWS * (sizeof(int32_t) + sizeof(float));
+    const VecActQ8 a = vec_act_q8(1, K, gs, NULL);
+    return (size_t)a.kpad * TILE_ROWS + (size_t)a.blocks * TILE_ROWS * (sizeof(int32_t) + sizeof(float));
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

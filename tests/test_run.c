@@ -562,9 +562,10 @@ static const char *q8q8_failure(int N, int K, int gs, int M, char what[200]) {
     for (size_t i = 0; i < (size_t)M * K; i++) x[i] = urand_unit() * (i % 7 == 3 ? 8.0f : 1.0f);   // a few larger elements
     for (size_t i = 0; i < (size_t)M * N; i++) y0[i] = urand_unit();
     const Mat w = random_mat(N, K, 1, gs, 0.5f);
-    VecActQ8 a = {.M = M, .K = K, .kpad = round_up(K, 4), .gs = gs, .blk = vec_act_block(gs), .blocks = ceil_div(K, vec_act_block(gs))};
-    a.q = talloc(vec_act_q8_bytes(M, K, gs)), a.s = (float *)(a.q + (size_t)M * a.kpad);
+    const VecActQ8 a = vec_act_q8(M, K, gs, talloc(vec_act_q8_bytes(M, K, gs)));
     memset(a.q, 0x55, vec_act_q8_bytes(M, K, gs));   // poison
+    if (a.kpad != round_up(K, 4) || a.blk < 4 || a.blk > VEC_ACT_BLOCK || gs % a.blk || a.blocks != ceil_div(K, a.blk))
+        return snprintf(what, 200, "layout kpad %d blk %d blocks %d for K %d gs %d", a.kpad, a.blk, a.blocks, K, gs), what;
     vec_quantize_act(x, &a, 0, M);
     float *xd = talloc((size_t)M * K * sizeof(float));   // the quantized x, as the matmul sees it
     for (int m = 0; m < M; m++)
