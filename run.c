@@ -604,7 +604,10 @@ static const char *make_executor(Exec *exec, const Model *model, CliArgs *a) {
     if (!strcmp(a->device, "gpu")) {
         const int rc = gpu_exec_init(exec, model, a->gpu, err);
         if (rc == GPU_TOO_SMALL) die(err);
-        if (rc == 0) return exec->desc;
+        if (rc == 0) {
+            if (a->int8_prefill) fprintf(stderr, "run: --int8-prefill applies to the CPU only; ignored on the GPU\n");
+            return exec->desc;
+        }
         fprintf(stderr, "run: no usable GPU (%s); running on the CPU\n", err);
         a->device = "cpu";
     }
@@ -612,7 +615,8 @@ static const char *make_executor(Exec *exec, const Model *model, CliArgs *a) {
     pool_init((int)a->threads);
     cpu_exec_init(exec, model, a->gpu.n_seqs > 0 ? a->gpu.n_seqs : 1, a->gpu.context);
     cpu_exec_int8_prefill(exec, a->int8_prefill);
-    if (a->int8_prefill && !vec_has_int8_act()) fprintf(stderr, "run: --int8-prefill: this CPU has no AVX512-VNNI; prompts keep FP32 activations\n");
+    if (a->int8_prefill && !model->quantized) fprintf(stderr, "run: --int8-prefill applies to INT8 models; %s is FP32\n", a->checkpoint);
+    else if (a->int8_prefill && !vec_has_int8_act()) fprintf(stderr, "run: --int8-prefill: this CPU has no AVX512-VNNI; prompts keep FP32 activations\n");
     return model->quantized ? "int8" : "fp32";
 }
 

@@ -81,6 +81,10 @@ expect_error "run: top-p above 1" "top-p" $RUN $M -z $T --top-p 1.5
 expect_error "run: NaN temperature" "-t" $RUN $M -z $T -t nan
 expect_error "run: bad --device" "device" $RUN $M -z $T --device tpu
 expect_error "run: --threads 0" "--threads" $RUN $M -z $T --threads 0
+# --int8-prefill where it cannot apply: said on stderr, then the run goes on (exit 0)
+$RUN $M -z $T -n 8 -t 0 --device cpu --int8-prefill > /dev/null 2> "$tmp/err"
+if [ $? -eq 0 ] && grep -q 'int8-prefill applies to INT8 models' "$tmp/err"; then ok "run: --int8-prefill on an FP32 model is reported and ignored"
+else bad "run: --int8-prefill on an FP32 model is reported and ignored" "$(cat "$tmp/err")"; fi
 long=$(awk 'BEGIN { for (i = 0; i < 300; i++) printf "the cat sat on the mat and "; }')
 expect_error "run: prompt longer than the context" "longer than the model's context" $RUN $M -z $T -p "$long" --device cpu
 expect_error "run: prompt longer than -n" "-n allows" $RUN $M -z $T -p "Once upon a time there was" -n 3 --device cpu
