@@ -76,14 +76,28 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum (or max) over the block; every thread gets the result. red: 32 floats of shared memory.
-template <bool kMax>
+// The threads that work together on a piece of work: the whole block (kThreads = 0), or its
+// first kThreads (a whole number of warps), which meet at named barrier 1 (the megakernel's
+// consumers, while its producer warps go on).
+template <int kThreads>
+struct Team {
+    __device__ static int size() { return kThreads ? kThreads : blockDim.x; }
+    __device__ static void sync() {
+        if constexpr (kThreads > 0) asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+        else __syncthreads();
+    }
+};
+
+// Sum (or max) over the team (by default the block); every thread of it gets the result. red: 32
+// floats of shared memory.
+template <bool kMax, int kThreads = 0>
 __device__ float block_reduce(float v, float *red) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    using T = Team<kThreads>;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = T::size() / 32;
     v = kMax ? warp_max(v) : warp_sum(v);
-    __syncthreads();   // red may still be read by a previous call
+    T::sync();   // red may still be read by a previous call
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    T::sync();
     v = lane < n_warps ? red[lane] : (kMax ? -INFINITY : 0.0f);
     return kMax ? warp_max(v) : warp_sum(v);
 }

@@ -308,6 +308,24 @@ struct TmaBlock {            // what one block reads: rows lrow0 .. lrow0 + lrow
     int j, lrow0, lrows, prows, col_tiles, tiles;
 };
 
+// A block's rows of output o finished from its warps' row sums (sums: (warps, b.prows)) and
+// stored: thread i of `threads` takes rows 2i and 2i + 1 (whole RoPE pairs).
+__device__ __forceinline__ void finish_block_rows(const Q8Args &a, const Q8Out &o, const TmaBlock &b, const float *sums, int warps,
+                                                  int threads, float inv_rms, bool pair) {
+    for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * threads) {
+        float v[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float s0 = 0.0f, s1 = 0.0f;
+            const int p = pair ? 2 * (l + r) : l + r;
+            if (l + r < b.lrows)
+                for (int w = 0; w < warps; w++) s0 += sums[w * b.prows + p], s1 += pair ? sums[w * b.prows + p + 1] : 0.0f;
+            v[r] = finish_output(s0, s1, inv_rms, pair);
+        }
+        store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v);
+    }
+}
+
 __device__ __forceinline__ const int8_t *tma_qrow(const Q8Args &a, const Q8Out &o, bool pair, int lrow0, int p) {
     return pair ? a.out[p & 1].q + (size_t)(lrow0 + p / 2) * a.stride : o.q + (size_t)(lrow0 + p) * a.stride;
 }
@@ -417,19 +435,7 @@ __global__ void __launch_bounds__(kTmaThreads) q8_gemv_tma_kernel(const Q8Args a
         __syncthreads();   // every thread is done with the stage (and, last time, sums is complete)
         if (threadIdx.x == 0 && i + S < b.tiles) tma_issue(a, o, kPair, b, ring + slot * kTmaTile, bars + 8 * slot, i + S);
     }
-    // Epilogue: thread i finishes rows 2i and 2i + 1 of the block (whole RoPE pairs).
-    for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * kTmaThreads) {
-        float v[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float s0 = 0.0f, s1 = 0.0f;
-            const int p = kPair ? 2 * (l + r) : l + r;
-            if (l + r < b.lrows)
-                for (int w = 0; w < kTmaWarps; w++) s0 += sums[w * b.prows + p], s1 += kPair ? sums[w * b.prows + p + 1] : 0.0f;
-            v[r] = finish_output(s0, s1, inv_rms, kPair);
-        }
-        store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v);
-    }
+    finish_block_rows(a, o, b, sums, kTmaWarps, kTmaThreads, inv_rms, kPair);
 }
 
 

@@ -62,13 +62,13 @@ constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 
 // reuses it only after its own consumers freed it, and no barrier wait can be two phases behind,
 // which the parity waits could not tell from one); two a pipe at least.
 constexpr int kMkMaxSlots = MK_SLOTS / MK_PIPES * MK_PIPES, kMkMinSlots = 2 * MK_PIPES, kMkBlocksPerSm = MK_BLOCKS;
-// A tile: kMkRows rows (an integer MMA's 16) x kMkCols bytes, each row kMkPitch bytes from the last
-// in its slot (32 bytes of padding: the 8-byte fragment loads of rows g and g + 4 fall in other
-// banks). A consumer warp takes kMkSpan columns of it, kMkSteps MMA steps of 32.
+// A tile: kMkRows rows (an integer MMA's 16) x kMkCols columns, held in the MMA's fragment order
+// (MkPack): a consumer warp takes kMkSpan columns of it, kMkSteps MMA steps of 32, each step's 512
+// bytes in one 16-byte load a lane.
 #ifndef MK_COLS
 #define MK_COLS 1024
 #endif
-constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkPitch = kMkCols + 32, kMkTileBytes = kMkRows * kMkPitch;
+constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkStepBytes = kMkRows * 32, kMkTileBytes = kMkRows * kMkCols;
 constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
 static_assert(kMkSpan % 32 == 0, "a warp's columns: whole MMA steps");
 // x staged in batches of 8 float4 a consumer thread (its loads all in flight at once)
@@ -87,6 +87,7 @@ struct MkStage {
     int pair, norm;     // GEMV: w1 and w3 with the SwiGLU; RMSNorm folded (a.norm_w)
     Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
     int units_of[3];    // GEMV: units of each output (in order)
+    const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -126,19 +127,7 @@ __device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) {
 
 __device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kMkConsumers) : "memory"); }
-
-// Sum (or max) over the consumer threads; all of them get it. red: 32 floats of shared memory.
-template <bool kMax>
-__device__ float consumer_reduce(float v, float *red) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    v = kMax ? warp_max(v) : warp_sum(v);
-    consumer_sync();   // red may still be read by a previous call
-    if (lane == 0) red[warp] = v;
-    consumer_sync();
-    v = lane < kMkConsumerWarps ? red[lane] : (kMax ? -INFINITY : 0.0f);
-    return kMax ? warp_max(v) : warp_sum(v);
-}
+__device__ __forceinline__ void consumer_sync() { Team<kMkConsumers>::sync(); }   // every warp but the producers
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     unsigned v;
@@ -180,8 +169,7 @@ __device__ TmaBlock mk_unit(const MkStage &st, int u) {
     return b;
 }
 
-// A unit's physical rows (pair mode: w1 r, w3 r, w1 r + 1, ...) as pointers held in registers, so
-// that the tile loops read nothing of the schedule (in global memory) per tile.
+// A unit's physical rows (pair mode: w1 r, w3 r, w1 r + 1, ...) in the row-major matrices.
 struct MkRows {
     const int8_t *q0, *q1;   // row lrow0 of the output, or of w1 and of w3
     const float *s0, *s1;
@@ -216,37 +204,95 @@ struct MkRing {
     __device__ bool mine(int pipe) const { return count % kMkPipes == pipe; }
 };
 
-// ---------------------------------------------------------------- the producer warp
-// Every tile of the block's units, in the step's order, into the next slot of the ring once the
-// consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes, lane r copies its
-// row r; the rows' group scales are asked of L2 at the same time (a lane per line).
-__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
-    const int lane = threadIdx.x % 32, pipe = (threadIdx.x - kMkConsumers) / 32;
-    MkRing at;
-    for (int s = 0; s < p.n_stages; s++) {
-        const MkStage &st = p.stages[s];
-        if (st.kind != MK_GEMV) continue;
-        const int gs = st.a.gs;
-        for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
-            const TmaBlock b = mk_unit(st, u);
-            const MkRows r = mk_rows(st, b);
-            for (int t = 0; t < b.tiles; t++, at.next(p.slots)) {
-                if (!at.mine(pipe)) continue;
-                const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
-                if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
-                const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
-                const int rows = min(kMkRows, b.prows - p0), len = min(kMkCols, r.stride - c0);
-                if (lane == 0) mbar_arrive_expect(bar, rows * len);
-                __syncwarp();
-                if (lane < rows) bulk_copy_counted(dst + lane * kMkPitch, r.q(p0 + lane) + c0, len, bar);
-                // the tile's scales (groups g0 .. g0 + n of each row) into the slot after the weights,
-                // row k's at k * per_row floats; the slot's barrier completes once they have landed too
-                const int g0 = c0 / gs, n = min(r.groups, (c0 + len + gs - 1) / gs) - g0, per_row = mk_groups_a_row(gs);
-                for (int e = lane; e < rows * n; e += 32)
-                    cp_async_4(dst + kMkTileBytes + 4 * (e / n * per_row + e % n), r.s(p0 + e / n) + g0 + e % n);
-                cp_async_arrive(bar);
-            }
+// ---------------------------------------------------------------- the weights in tile order
+// A linear stage's weights as the ring takes them, written once at load (mk_pack_kernel) from the
+// row-major matrices, so that a tile is one contiguous copy (a 16-row tile of row-major weights
+// was 16 copies of a row piece each, which streamed slower: bench/NOTES.md 46, 49). Unit u's tile
+// t (row tile t / col_tiles, column tile t % col_tiles) is record u * mk_tiles_a_unit + t, of
+// mk_record_bytes: kMkTileBytes of weights in the MMA's fragment order, then the rows' group
+// scales (kMkRows, mk_groups_a_row(gs)). Fragment order: step j (the tile's columns 32j .. 32j +
+// 31) at j * kMkStepBytes, and in it lane 4g + c's 16 bytes: row g's 8 bytes at 8c of the step,
+// then row g + 8's (the A fragment of mk_imma as mk_tile_math loads it). Rows past the unit's and
+// columns past the row are zeros; a partial column tile's steps past the row are not copied.
+__host__ __device__ __forceinline__ int mk_record_bytes(int gs) { return kMkTileBytes + kMkRows * mk_groups_a_row(gs) * 4; }
+__host__ __device__ __forceinline__ int mk_tiles_a_unit(const MkStage &st) {
+    const int rows = (st.pair ? 2 : 1) * st.a.tma_rows;
+    return (rows + kMkRows - 1) / kMkRows * ((st.a.stride + kMkCols - 1) / kMkCols);
+}
+
+// Tile blockIdx.y of unit blockIdx.x of a linear stage into its record at dst.
+__global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
+    pdl_wait();   // the matrices: written by whatever ran before
+    const TmaBlock b = mk_unit(st, blockIdx.x);
+    const int t = blockIdx.y, gs = st.a.gs;
+    if (t >= b.tiles) return;   // the last unit's rows end sooner: records never copied
+    const MkRows r = mk_rows(st, b);
+    unsigned char *rec = dst + ((size_t)blockIdx.x * mk_tiles_a_unit(st) + t) * mk_record_bytes(gs);
+    const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
+    for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
+        const int lane = i % 32, col = c0 + 32 * (i / 32) + 8 * (lane % 4);   // a multiple of 8: all in the row or none
+        uint2 h[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int row = p0 + lane / 4 + 8 * k;
+            h[k] = row < b.prows && col < r.stride ? *reinterpret_cast<const uint2 *>(r.q(row) + col) : make_uint2(0u, 0u);
         }
+        *reinterpret_cast<uint4 *>(rec + 16 * i) = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
+    }
+    const int per_row = mk_groups_a_row(gs), g0 = c0 / gs, n = min(r.groups, (min(c0 + kMkCols, r.stride) + gs - 1) / gs) - g0;
+    float *scales = reinterpret_cast<float *>(rec + kMkTileBytes);
+    for (int e = threadIdx.x; e < kMkRows * per_row; e += blockDim.x) {
+        const int row = p0 + e / per_row, k = e % per_row;
+        scales[e] = row < b.prows && k < n ? r.s(row)[g0 + k] : 0.0f;
+    }
+}
+
+// ---------------------------------------------------------------- the producer warp
+// The block's tiles of a step in order, every pipe's: where each one's record is.
+struct MkCursor {
+    int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
+    const unsigned char *unit = nullptr;
+    // To the next tile; false past the step's last.
+    __device__ bool next(const MkParams &p) {
+        while (++t >= tiles) {
+            t = -1, tiles = 0;
+            if (s >= 0 && (u += gridDim.x) < p.stages[s].units) {
+                at_unit(p.stages[s]);
+                continue;
+            }
+            do
+                if (++s >= p.n_stages) return false;
+            while (p.stages[s].kind != MK_GEMV || (int)blockIdx.x >= p.stages[s].units);
+            u = blockIdx.x;
+            at_unit(p.stages[s]);
+        }
+        return true;
+    }
+    __device__ void at_unit(const MkStage &st) {
+        const TmaBlock b = mk_unit(st, u);
+        tiles = b.tiles, col_tiles = b.col_tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
+        unit = st.pack + (size_t)u * mk_tiles_a_unit(st) * record;
+    }
+    __device__ const unsigned char *weights() const { return unit + (size_t)t * record; }
+    __device__ const unsigned char *scales() const { return weights() + kMkTileBytes; }
+    __device__ int weight_bytes() const { return ceil_div_dev(min(kMkCols, stride - t % col_tiles * kMkCols), 32) * kMkStepBytes; }
+    __device__ int scale_bytes() const { return record - kMkTileBytes; }
+};
+
+// Every tile of the block's units, in the step's order, into the next slot of the ring once the
+// consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes and copies its
+// record in two pieces (the weights, only the steps within the row; the scales, to their place).
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
+    const int pipe = (threadIdx.x - kMkConsumers) / 32;
+    if (threadIdx.x % 32) return;
+    MkRing at;
+    for (MkCursor tile; tile.next(p); at.next(p.slots)) {
+        if (!at.mine(pipe)) continue;
+        const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
+        if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
+        mbar_arrive_expect(bar, tile.weight_bytes() + tile.scale_bytes());
+        bulk_copy_counted(dst, tile.weights(), tile.weight_bytes(), bar);
+        bulk_copy_counted(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar);
     }
 }
 
@@ -298,11 +344,22 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
     }
 }
 
+// The digits of one float4 of x at k into xs, in units of u (its group's).
+__device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u, int k) {
+    const float inv = u > 0.0f ? 1.0f / u : 0.0f;
+    uint32_t d[3] = {0, 0, 0};
+    mk_digits(v.x, inv, 0, d), mk_digits(v.y, inv, 1, d), mk_digits(v.z, inv, 2, d), mk_digits(v.w, inv, 3, d);
+#pragma unroll
+    for (int j = 0; j < 3; j++) *reinterpret_cast<uint32_t *>(xs.d + j * xs.dpitch + k) = d[j];
+}
+
 // Stages x (with a norm: times the norm weights) as MkX; returns 1 / rms of the raw x (1 without
-// a norm). Each consumer thread holds kMkXQuads float4 of a batch, all loaded at once. Ends with
-// a barrier.
+// a norm). Each consumer thread holds kMkXQuads float4 of a batch, all loaded at once; a warp's
+// float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
+// largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
+// with a barrier.
 __device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool norm) {
-    const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32;
+    const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
     for (int base = 0; base < xs.xpad; base += kMkXBatch) {
         float4 v[kMkXQuads], nw[kMkXQuads];   // x, and the norm weights in the same round of loads
@@ -320,8 +377,17 @@ __device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool nor
             float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            if (lane % 4 == 0 && k < xs.xpad) xs.m16[k / 16] = m;
+            if (in_warp) {   // on to the group's lanes (a warp's k < xpad alike: xpad is whole tiles)
+                for (int o = 4; o < 1 << (gshift - 2); o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                if (k >= xs.xpad) break;
+                const float u = m / 127.0f;
+                if ((lane & ((1 << (gshift - 2)) - 1)) == 0) xs.u[k >> gshift] = u;
+                mk_store_digits(xs, v[i], u, k);
+            } else if (lane % 4 == 0 && k < xs.xpad) {
+                xs.m16[k / 16] = m;
+            }
         }
+        if (in_warp) continue;
         consumer_sync();
         const int end = min(xs.xpad, base + kMkXBatch);
         for (int g = (base >> gshift) + threadIdx.x; g << gshift < end; g += kMkConsumers) {   // each group's u
@@ -334,14 +400,10 @@ __device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool nor
         for (int i = 0; i < kMkXQuads; i++) {
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
             if (k >= xs.xpad) break;
-            const float u = xs.u[k >> gshift], inv = u > 0.0f ? 1.0f / u : 0.0f;
-            uint32_t d[3] = {0, 0, 0};
-            mk_digits(v[i].x, inv, 0, d), mk_digits(v[i].y, inv, 1, d), mk_digits(v[i].z, inv, 2, d), mk_digits(v[i].w, inv, 3, d);
-#pragma unroll
-            for (int j = 0; j < 3; j++) *reinterpret_cast<uint32_t *>(xs.d + j * xs.dpitch + k) = d[j];
+            mk_store_digits(xs, v[i], xs.u[k >> gshift], k);
         }
     }
-    const float inv_rms = norm ? inv_rms_of(consumer_reduce<false>(sumsq, red), K, a.norm_eps) : 1.0f;
+    const float inv_rms = norm ? inv_rms_of(block_reduce<false, kMkConsumers>(sumsq, red), K, a.norm_eps) : 1.0f;
     consumer_sync();
     return inv_rms;
 }
@@ -355,9 +417,10 @@ __device__ __forceinline__ void mk_imma(int d[4], uint2 lo, uint2 hi, uint2 b) {
 
 // A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
 // at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
-// step's columns that x's digits share: the B fragment's bytes of digit g, g < 3, at the same 8c).
+// step's columns that x's digits share: the B fragment's bytes of digit g, g < 3, at the same 8c),
+// 16 bytes together in the slot's fragment order (MkPack).
 struct MkTile {
-    const unsigned char *w;   // row g, the warp's first column, + 8c
+    const unsigned char *w;   // the lane's 16 bytes of the warp's first step
     const float *scales;      // (kMkRows, mk_groups_a_row(gs)) of the slot
     int per_row;
 };
@@ -380,7 +443,8 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
 #pragma unroll
     for (int j = 0; j < kMkSteps; j++) {
         const int k = k0 + 32 * j;   // the step's first column in the row
-        const uint2 lo = *reinterpret_cast<const uint2 *>(t.w + 32 * j), hi = *reinterpret_cast<const uint2 *>(t.w + 8 * kMkPitch + 32 * j);
+        const uint4 v = *reinterpret_cast<const uint4 *>(t.w + kMkStepBytes * j);
+        const uint2 lo = make_uint2(v.x, v.y), hi = make_uint2(v.z, v.w);
         uint2 b = {0u, 0u};
         if (g < 3) b = *reinterpret_cast<const uint2 *>(xs.d + g * xs.dpitch + k + 8 * c);
         if (gshift == 4) {
@@ -442,27 +506,15 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
             mbar_wait(full + 8 * at.slot, at.round & 1);
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
-            const MkTile tile = {slot + (lane / 4) * kMkPitch + kMkSpan * warp + 8 * c, reinterpret_cast<const float *>(slot + kMkTileBytes),
+            const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
                                  mk_groups_a_row(st.a.gs)};
             if (k0 < st.a.stride) mk_tile_math(acc, tile, xs, f, c0, k0, st.a.stride, gshift);
 #endif
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + 8 * at.slot);   // this warp is done with the slot
+            mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
         }
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
-        for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * kMkConsumers) {
-            float v[2];
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                float s0 = 0.0f, s1 = 0.0f;
-                const int pr = pair ? 2 * (l + k) : l + k;
-                if (l + k < b.lrows)
-                    for (int w = 0; w < kMkConsumerWarps; w++) s0 += sums[w * b.prows + pr], s1 += pair ? sums[w * b.prows + pr + 1] : 0.0f;
-                v[k] = finish_output(s0, s1, inv_rms, pair);
-            }
-            store_rows<2>(st.a, b.j, st.a.out[b.j], b.lrow0 + l, 0, v);
-        }
+        finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair);
         consumer_sync();   // sums free for the next unit
     }
 }
@@ -475,73 +527,24 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st) {
     }
 }
 
-// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache, as
-// attention_kernel does it; with one split straight into out, else a partial into p.part.
+// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache
+// (attention_split); with one split straight into out, else a partial into p.part.
 template <typename KV>
 __device__ void mk_attention_unit(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm,
                                   float *red) {
     const int hs = p.head_size, h = unit / splits, split = unit % splits;
     const int kv_dim = p.n_kv_heads * hs, kv_off = h / (p.n_heads / p.n_kv_heads) * hs;
-    const int t0 = split * chunk, t1 = min(pos + 1, t0 + chunk);
     const KV *kc = static_cast<const KV *>(st.kc), *vc = static_cast<const KV *>(st.vc);
-    float *qs = sm, *vacc = qs + hs, *att = vacc + kMkValueFloats;
-    float *my_part = p.part + ((size_t)h * splits + split) * (2 + hs);
-    for (int l = threadIdx.x; l < 2 * (t1 - t0); l += kMkConsumers)   // the value rows towards L2 while the keys are scored
-        prefetch_l2(vc + (size_t)(t0 + l / 2) * kv_dim + kv_off + l % 2 * (hs / 2));
-    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
-        for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) my_part[i] = i == 0 ? -INFINITY : 0.0f;
-        return;
-    }
-    for (int i = threadIdx.x; i < hs; i += kMkConsumers) qs[i] = __ldcg(st.q + h * hs + i);
-    consumer_sync();
-    const float inv_sqrt = 1.0f / sqrtf((float)hs);
-    float mx = -INFINITY;
-    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
-        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, hs) * inv_sqrt;
-        att[t - t0] = sc;
-        mx = fmaxf(mx, sc);
-    }
-    mx = consumer_reduce<true>(mx, red);
-    float sum = 0.0f;
-    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
-        const float e = expf(att[t - t0] - mx);
-        att[t - t0] = e;
-        sum += e;
-    }
-    sum = consumer_reduce<false>(sum, red);   // its barriers also publish att
-    constexpr int kPer16 = 16 / sizeof(KV);
-    const int groups = hs % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers)
-                                        : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers);
-    consumer_sync();
-    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
-        float total = 0.0f;
-        for (int g = 0; g < groups; g++) total += vacc[g * hs + d];
-        if (splits == 1) st.out[h * hs + d] = total / sum;
-        else my_part[2 + d] = total;
-    }
-    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
+    attention_split<KV, kMkConsumers, true>(splits == 1 ? st.out + h * hs : nullptr, p.part + ((size_t)h * splits + split) * (2 + hs),
+                                            st.q + h * hs, kc + kv_off, vc + kv_off, kv_dim, split * chunk,
+                                            min(pos + 1, split * chunk + chunk), hs, sm, red);
     consumer_sync();   // shared memory free for the next unit
 }
 
-// Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
+// Combine unit h: the splits' partial softmaxes of head h rescaled to one (combine_splits).
 __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, int splits, float *weight, float *red) {
-    const int stride = 2 + p.head_size;
-    const float *part = p.part + (size_t)h * splits * stride;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += kMkConsumers) mx = fmaxf(mx, __ldcg(part + s * stride));
-    const float gmax = consumer_reduce<true>(mx, red);
-    float total = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += kMkConsumers) {
-        const float w = expf(__ldcg(part + s * stride) - gmax);
-        weight[s] = w;
-        total += __ldcg(part + s * stride + 1) * w;
-    }
-    total = consumer_reduce<false>(total, red);   // its barriers also publish weight
-    for (int d = threadIdx.x; d < p.head_size; d += kMkConsumers) {
-        float acc = 0.0f;
-        for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
-        st.out[h * p.head_size + d] = acc / total;
-    }
+    combine_splits<kMkConsumers>(st.out + h * p.head_size, p.part + (size_t)h * splits * (2 + p.head_size), splits, p.head_size, weight,
+                                 red);
     consumer_sync();
 }
 
@@ -599,8 +602,8 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
     __shared__ float red[32];
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * p.sums_floats, empty = full + 8 * p.slots;
-    if (threadIdx.x == 0) {   // full: the weights' arrival with their bytes, and the producer lanes' scale copies
-        for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1 + 32), mbar_init(empty + 8 * s, kMkConsumerWarps / kMkPipes);
+    if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
+        for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
@@ -617,10 +620,19 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
 struct GpuMega {
     MkParams p;
     MkStage *stages;   // device copy of p.stages
+    unsigned char *pack;   // the linear stages' weights in tile order (MkPack), a copy of the matrices'
+    size_t pack_bytes;
     size_t smem;
     int blocks, kv_half;
     int *kinds;        // host: each stage's MK_* (the trace report)
 };
+
+// Units of a linear stage of a.tma_rows rows, each output's own (set in st, returned).
+static int mk_units_of(MkStage *st, int n_out) {
+    st->units = 0;
+    for (int j = 0; j < 3; j++) st->units += st->units_of[j] = j < n_out ? ceil_div_i(st->a.out[j].N, st->a.tma_rows) : 0;
+    return st->units;
+}
 
 // The linear stage of a call (M = 1, INT8): rows a unit such that the units of all outputs
 // cover the grid once. false (with why) where the megakernel cannot run it.
@@ -639,10 +651,38 @@ static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage 
     for (int j = 0; j < n_out; j++) rows += a.out[j].N;
     a.tma_rows = round_up(ceil_div_i(rows, blocks), 2);
     for (;; a.tma_rows += 2) {   // QKV: each output's units round up on their own
-        st->units = 0;
-        for (int j = 0; j < 3; j++) st->units += st->units_of[j] = j < n_out ? ceil_div_i(a.out[j].N, a.tma_rows) : 0;
-        if (st->units <= blocks) break;
+        if (mk_units_of(st, n_out) <= blocks) break;
     }
+    // then whole tiles a unit (the records' rows past a unit's are zeros, read as the others): as
+    // many tiles a unit, the same or fewer units
+    const int per_row = st->pair ? 2 : 1;
+    a.tma_rows = round_up(a.tma_rows * per_row, kMkRows) / per_row;
+    mk_units_of(st, n_out);
+    return true;
+}
+
+// The linear stages' weights copied into tile order (MkPack) in one allocation, each stage's pack
+// pointer set. false (with why) where the GPU's memory has no room for the copy.
+static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, size_t *bytes, char *why) {
+    *bytes = 0;
+    for (int s = 0; s < n; s++)
+        if (stages[s].kind == MK_GEMV) *bytes += (size_t)stages[s].units * mk_tiles_a_unit(stages[s]) * mk_record_bytes(stages[s].a.gs);
+    const cudaError_t e = cudaMalloc(pack, *bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();   // not sticky: clear it for the calls after
+        snprintf(why, ERR_LEN, "its copy of the weights in tile order (%.2f GB) does not fit the GPU's free memory", *bytes / 1e9);
+        return false;
+    }
+    CUDA_CHECK(e);
+    size_t at = 0;
+    for (int s = 0; s < n; s++) {
+        MkStage &st = stages[s];
+        if (st.kind != MK_GEMV) continue;
+        st.pack = *pack + at;
+        launch(g, "mk_pack_kernel", mk_pack_kernel, dim3(st.units, mk_tiles_a_unit(st)), dim3(256), 0, st, *pack + at);
+        at += (size_t)st.units * mk_tiles_a_unit(st) * mk_record_bytes(st.a.gs);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return true;
 }
 
@@ -672,7 +712,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             const int x_bytes = mk_x_bytes(st->a.stride), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
             p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;
             p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
-            const int slot_bytes = kMkTileBytes + kMkRows * mk_groups_a_row(st->a.gs) * 4;
+            const int slot_bytes = mk_record_bytes(st->a.gs);
             p.slot_bytes = slot_bytes > p.slot_bytes ? slot_bytes : p.slot_bytes;
         } else if (m->kind == MEGA_EMBED) {
             const Mat *e = m->embedding;
@@ -706,6 +746,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         snprintf(why, ERR_LEN, "a block of %zu bytes of shared memory does not fit an SM", mk_smem_bytes(p));
         return NULL;
     }
+    if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 1) * sizeof(unsigned)));
@@ -761,13 +802,14 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 }
 
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory", m->blocks, m->p.n_stages, m->p.slots,
-             m->p.slot_bytes / 1024, m->smem / 1024);
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, weights in tile order %.2f GB", m->blocks,
+             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9);
 }
 
 extern "C" void gpu_mega_free(GpuMega *m) {
     if (!m) return;
     CUDA_CHECK(cudaFree(m->stages));
+    CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
