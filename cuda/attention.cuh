@@ -157,88 +157,13 @@ __device__ __forceinline__ int weighted_values(float *vacc, const float *att, co
     return groups;
 }
 
-// One split of one head's attention for one token, by a team of threads (Team): rows [t0, t1) of
-// the caches kc and vc (the head's columns of row 0; rows kv_dim apart), the head's q (hs) read
-// through L2 (in the megakernel other SMs wrote it). Scores (a thread per row, 16-byte loads along
-// its key), their max, exp and sum, then the exp-weighted sum of value rows (weighted_values).
-// With out (the head's hs outputs) it writes the result there; else (max, sum, unnormalised head
-// vector) into part (2 + hs) for combine_splits; an empty split (t0 >= t1) records an empty
-// partial. kPrefetchValues: the value rows asked of L2 while the keys are scored.
-//   sm (floats): q (hs), the value groups' sums (8 x the team's threads), scores (t1 - t0).
-template <typename KV, int kThreads, bool kPrefetchValues>
-__device__ void attention_split(float *out, float *part, const float *q, const KV *kc, const KV *vc, int kv_dim, int t0, int t1,
-                                int hs, float *sm, float *red) {
-    using T = Team<kThreads>;
-    const int n = T::size();
-    float *qs = sm, *vacc = qs + hs, *att = vacc + 8 * n;
-    if (kPrefetchValues)
-        for (int l = threadIdx.x; l < 2 * (t1 - t0); l += n) prefetch_l2(vc + (size_t)(t0 + l / 2) * kv_dim + l % 2 * (hs / 2));
-    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
-        for (int i = threadIdx.x; i < 2 + hs; i += n) part[i] = i == 0 ? -INFINITY : 0.0f;
-        return;
-    }
-    for (int i = threadIdx.x; i < hs; i += n) qs[i] = __ldcg(q + i);
-    T::sync();
-    const float inv_sqrt = 1.0f / sqrtf((float)hs);
-    float mx = -INFINITY;
-    for (int t = t0 + threadIdx.x; t < t1; t += n) {
-        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim, hs) * inv_sqrt;
-        att[t - t0] = sc;
-        mx = fmaxf(mx, sc);
-    }
-    mx = block_reduce<true, kThreads>(mx, red);
-    float sum = 0.0f;
-    for (int t = t0 + threadIdx.x; t < t1; t += n) {
-        const float e = expf(att[t - t0] - mx);
-        att[t - t0] = e;
-        sum += e;
-    }
-    sum = block_reduce<false, kThreads>(sum, red);   // its barriers also publish att
-    constexpr int kPer16 = 16 / sizeof(KV);
-    const int groups = hs % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc, kv_dim, t0, t1, hs, n)
-                                        : weighted_values<KV, 2>(vacc, att, vc, kv_dim, t0, t1, hs, n);
-    T::sync();
-    for (int d = threadIdx.x; d < hs; d += n) {
-        float total = 0.0f;
-        for (int g = 0; g < groups; g++) total += vacc[g * hs + d];
-        if (out) out[d] = total / sum;
-        else part[2 + d] = total;
-    }
-    if (!out && threadIdx.x == 0) part[0] = mx, part[1] = sum;
-}
-
-// out (hs) = sum_s e^(max_s - M) acc_s / sum_s e^(max_s - M) sum_s, M = max_s max_s: a head's
-// splits' partial softmaxes (part: (splits, 2 + hs), read through L2) rescaled to one, by a team.
-// Each split's max and sum are read once (thread s) and its weight e^(max_s - M) kept in shared
-// memory (weight: splits floats); then a thread per dimension sums over the splits, its loads
-// independent of each other. (Before: every thread walked the splits three times, each walk a
-// chain of dependent loads; bench/NOTES.md 28.)
-template <int kThreads>
-__device__ void combine_splits(float *out, const float *part, int splits, int hs, float *weight, float *red) {
-    const int n = Team<kThreads>::size(), stride = 2 + hs;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += n) mx = fmaxf(mx, __ldcg(part + s * stride));
-    const float gmax = block_reduce<true, kThreads>(mx, red);
-    float total = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += n) {
-        const float w = expf(__ldcg(part + s * stride) - gmax);
-        weight[s] = w;
-        total += __ldcg(part + s * stride + 1) * w;
-    }
-    total = block_reduce<false, kThreads>(total, red);   // its barriers also publish weight
-    for (int d = threadIdx.x; d < hs; d += n) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
-        out[d] = acc / total;
-    }
-}
-
 // Attention of token m (at pos + m) over cache rows 0..pos+m, split along the sequence
-// (flash-decoding): block (h, s, m) takes rows [s * chunk, s * chunk + chunk) of head h
-// (attention_split), so that a long context spreads over n_heads * splits blocks instead of
-// n_heads. With one split it writes out directly; else it leaves its partial in part for
-// attention_combine_kernel.
+// (flash-decoding): block (h, s, m) takes rows [s * chunk, s * chunk + chunk) of head h, so that a
+// long context spreads over n_heads * splits blocks instead of n_heads. Each block: scores (a
+// thread per row, 16-byte loads along its key), their max, exp and sum, then the exp-weighted sum
+// of value rows (weighted_values). With one split it writes out directly; else it leaves (max,
+// sum, unnormalised head vector) in part for attention_combine_kernel. Splits past the last row
+// record an empty partial.
 //   out (M, n_heads * hs); part (M, n_heads, splits, 2 + hs); dynamic shared memory (floats,
 //   sized in gpu_attention): q (hs), the value groups' sums (kAttnValueFloats), scores (chunk).
 constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSplits = 64, kOneSplitLen = 1024;
@@ -249,32 +174,82 @@ constexpr int kAttnThreads = 256, kMaxHeadSize = 256, kAttnChunk = 256, kMaxSpli
 constexpr int kAttnChunkDecode = 64;
 constexpr int kAttnValueFloats = kAttnThreads * 8;   // groups x hs <= threads x kElems <= threads x 8
 template <typename KV>
-__global__ void __launch_bounds__(kAttnThreads, 5)
+__global__ void __launch_bounds__(kAttnThreads)
 attention_kernel(float *__restrict__ out, float *__restrict__ part, const float *__restrict__ q, const KV *__restrict__ kc,
                  const KV *__restrict__ vc, const int *__restrict__ inputs, int n_heads, int n_kv_heads, int head_size,
                  int chunk, size_t seq_stride) {
     extern __shared__ float4 smem4[];
     __shared__ float red[32];
+    float *qs = reinterpret_cast<float *>(smem4), *vacc = qs + head_size, *att = vacc + kAttnValueFloats;
     const int h = blockIdx.x, split = blockIdx.y, splits = gridDim.y, m = blockIdx.z;
     pdl_wait_then_release();
     kc += m * seq_stride, vc += m * seq_stride;   // a batch: token m's own sequence (rope_store_kernel)
     const int last = inputs[0] + (seq_stride ? 0 : m), t0 = split * chunk, t1 = min(last + 1, t0 + chunk), dim = n_heads * head_size;
     const int kv_dim = n_kv_heads * head_size, kv_off = (h / (n_heads / n_kv_heads)) * head_size;
     float *my_part = part + (((size_t)m * n_heads + h) * splits + split) * (2 + head_size);
-    attention_split<KV, 0, false>(splits == 1 ? out + (size_t)m * dim + h * head_size : nullptr, my_part,
-                                  q + (size_t)m * dim + h * head_size, kc + kv_off, vc + kv_off, kv_dim, t0, t1, head_size,
-                                  reinterpret_cast<float *>(smem4), red);
+    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
+        for (int i = threadIdx.x; i < 2 + head_size; i += blockDim.x) my_part[i] = i == 0 ? -INFINITY : 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < head_size; i += blockDim.x) qs[i] = q[(size_t)m * dim + h * head_size + i];
+    __syncthreads();
+    const float inv_sqrt = 1.0f / sqrtf((float)head_size);
+    float mx = -INFINITY;
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, head_size) * inv_sqrt;
+        att[t - t0] = sc;
+        mx = fmaxf(mx, sc);
+    }
+    mx = block_reduce<true>(mx, red);
+    float sum = 0.0f;
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+        const float e = expf(att[t - t0] - mx);
+        att[t - t0] = e;
+        sum += e;
+    }
+    sum = block_reduce<false>(sum, red);   // its barriers also publish att
+    constexpr int kPer16 = 16 / sizeof(KV);
+    const int groups = head_size % kPer16 == 0
+                           ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size, blockDim.x)
+                           : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, head_size, blockDim.x);
+    __syncthreads();
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float total = 0.0f;
+        for (int g = 0; g < groups; g++) total += vacc[g * head_size + d];
+        if (splits == 1) out[(size_t)m * dim + h * head_size + d] = total / sum;
+        else my_part[2 + d] = total;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
 }
 
-// A head's splits combined (combine_splits): block (h, m).
+// out[m, h] = sum_s e^(max_s - M) acc_s / sum_s e^(max_s - M) sum_s, M = max_s max_s: the splits'
+// partial softmaxes rescaled to one. Block (h, m). Each split's max and sum are read once (thread
+// s) and its weight e^(max_s - M) kept in shared memory; then a thread per dimension sums over the
+// splits, its loads independent of each other. (Before: every thread walked the splits three
+// times, each walk a chain of dependent loads; bench/NOTES.md 28.)
 constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(float *__restrict__ out, const float *__restrict__ part,
                                                                             int n_heads, int head_size, int splits) {
     __shared__ float weight[kMaxSplits], red[32];
     pdl_wait_then_release();
-    const int h = blockIdx.x, m = blockIdx.y;
-    combine_splits<0>(out + (size_t)m * n_heads * head_size + h * head_size, part + ((size_t)m * n_heads + h) * splits * (2 + head_size),
-                      splits, head_size, weight, red);
+    const int h = blockIdx.x, m = blockIdx.y, stride = 2 + head_size;
+    const float *p = part + ((size_t)m * n_heads + h) * splits * stride;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, p[s * stride]);
+    const float gmax = block_reduce<true>(mx, red);
+    float total = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float w = expf(p[s * stride] - gmax);
+        weight[s] = w;
+        total += p[s * stride + 1] * w;
+    }
+    total = block_reduce<false>(total, red);   // its barriers also publish weight
+    for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < splits; s++) acc += p[s * stride + 2 + d] * weight[s];
+        out[(size_t)m * n_heads * head_size + h * head_size + d] = acc / total;
+    }
 }
 
 

@@ -527,24 +527,73 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st) {
     }
 }
 
-// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache
-// (attention_split); with one split straight into out, else a partial into p.part.
+// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache, as
+// attention_kernel does it; with one split straight into out, else a partial into p.part.
 template <typename KV>
 __device__ void mk_attention_unit(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm,
                                   float *red) {
     const int hs = p.head_size, h = unit / splits, split = unit % splits;
     const int kv_dim = p.n_kv_heads * hs, kv_off = h / (p.n_heads / p.n_kv_heads) * hs;
+    const int t0 = split * chunk, t1 = min(pos + 1, t0 + chunk);
     const KV *kc = static_cast<const KV *>(st.kc), *vc = static_cast<const KV *>(st.vc);
-    attention_split<KV, kMkConsumers, true>(splits == 1 ? st.out + h * hs : nullptr, p.part + ((size_t)h * splits + split) * (2 + hs),
-                                            st.q + h * hs, kc + kv_off, vc + kv_off, kv_dim, split * chunk,
-                                            min(pos + 1, split * chunk + chunk), hs, sm, red);
+    float *qs = sm, *vacc = qs + hs, *att = vacc + kMkValueFloats;
+    float *my_part = p.part + ((size_t)h * splits + split) * (2 + hs);
+    for (int l = threadIdx.x; l < 2 * (t1 - t0); l += kMkConsumers)   // the value rows towards L2 while the keys are scored
+        prefetch_l2(vc + (size_t)(t0 + l / 2) * kv_dim + kv_off + l % 2 * (hs / 2));
+    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
+        for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) my_part[i] = i == 0 ? -INFINITY : 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < hs; i += kMkConsumers) qs[i] = __ldcg(st.q + h * hs + i);
+    consumer_sync();
+    const float inv_sqrt = 1.0f / sqrtf((float)hs);
+    float mx = -INFINITY;
+    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
+        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, hs) * inv_sqrt;
+        att[t - t0] = sc;
+        mx = fmaxf(mx, sc);
+    }
+    mx = block_reduce<true, kMkConsumers>(mx, red);
+    float sum = 0.0f;
+    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
+        const float e = expf(att[t - t0] - mx);
+        att[t - t0] = e;
+        sum += e;
+    }
+    sum = block_reduce<false, kMkConsumers>(sum, red);   // its barriers also publish att
+    constexpr int kPer16 = 16 / sizeof(KV);
+    const int groups = hs % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers)
+                                        : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers);
+    consumer_sync();
+    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
+        float total = 0.0f;
+        for (int g = 0; g < groups; g++) total += vacc[g * hs + d];
+        if (splits == 1) st.out[h * hs + d] = total / sum;
+        else my_part[2 + d] = total;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
     consumer_sync();   // shared memory free for the next unit
 }
 
-// Combine unit h: the splits' partial softmaxes of head h rescaled to one (combine_splits).
+// Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
 __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, int splits, float *weight, float *red) {
-    combine_splits<kMkConsumers>(st.out + h * p.head_size, p.part + (size_t)h * splits * (2 + p.head_size), splits, p.head_size, weight,
-                                 red);
+    const int stride = 2 + p.head_size;
+    const float *part = p.part + (size_t)h * splits * stride;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += kMkConsumers) mx = fmaxf(mx, __ldcg(part + s * stride));
+    const float gmax = block_reduce<true, kMkConsumers>(mx, red);
+    float total = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += kMkConsumers) {
+        const float w = expf(__ldcg(part + s * stride) - gmax);
+        weight[s] = w;
+        total += __ldcg(part + s * stride + 1) * w;
+    }
+    total = block_reduce<false, kMkConsumers>(total, red);   // its barriers also publish weight
+    for (int d = threadIdx.x; d < p.head_size; d += kMkConsumers) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
+        st.out[h * p.head_size + d] = acc / total;
+    }
     consumer_sync();
 }
 
@@ -802,7 +851,7 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 }
 
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, weights in tile order %.2f GB", m->blocks,
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, a %.2f GB copy in tile order", m->blocks,
              m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9);
 }
 
