@@ -72,6 +72,10 @@ llamacpp() {   # type, anchor, llama-bench arguments
     "$LLAMA_BENCH" -m "$LLAMA_GGUF.$t.gguf" "$@" -t "$nt" -o csv 2>/dev/null | tail -1 |
         awk -F, -v t="$t" '{ gsub(/"/, ""); printf "llama.cpp %s, this run: %.1f", t, $(NF - 1) }'
 }
+# the ceiling: the model file read by nt threads (an FP32 decode step reads about all of it)
+[ -x bench/cpu_read ] && bench/cpu_read "$model" "$nt" 20 | awk -v bytes="$(wc -c < "$model")" '{ print "memory: " $0
+    for (i = 1; i < NF; i++) if ($i == "median") g = $(i + 1) }
+    END { printf "memory: FP32 decode at that rate reads the file %.0f times a second (%.1f MB each)\n", g * 1e9 / bytes, bytes / 1e6 }'
 printf "%-40s %9s  %s   %s\n" "code15M, 256 positions" "tok/s" "(min - max)" "other engines"
 row "decode, FP32" "$(llama2c)" decode "$model" -n 256
 row "decode, INT8 GS 64" "$(llamacpp q8_0 1088 -p 0 -n 128); $(llamacpp f16 391 -p 0 -n 128)" decode "$out/code15M_q64.bin" -n 256

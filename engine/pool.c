@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 256
-#define PARTS_PER_THREAD 4   // small enough parts that a descheduled thread holds up little
+#define PARTS_PER_THREAD 1   // one contiguous slice a thread (a late thread's is claimed by the others): 4 a thread read slower (bench/NOTES.md 50)
 
 // The claim word: generation (32 bits) | parts (16) | next part to hand out (16).
 #define CLAIM(gen, parts, next) ((uint64_t)(gen) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))

@@ -8,6 +8,7 @@
 #define load_f32 ISA_NAME(load_f32)
 #define load_i8 ISA_NAME(load_i8)
 #define tile_f32 ISA_NAME(tile_f32)
+#define hsum16 ISA_NAME(hsum16)
 #define rows_q8 ISA_NAME(rows_q8)
 #define dequant_rows ISA_NAME(dequant_rows)
 #define store ISA_NAME(store)
@@ -49,23 +50,52 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
     h2_[0] + h2_[1];                                                                                         \
 })
 
+// sums[i] = hsum(v[i]) for 16 vectors at once, by the same additions: at each level of hsum's tree
+// two vectors' halves are merged into one (two permutes and an add), so that the 16 sums take 45
+// instructions where 16 hsums take about 130 (as many as a 288-long dot product's loop, in a
+// prefill tile's epilogue: bench/NOTES.md 50). Level by level: lanes i and
+// i + 8 of vectors 2j and 2j + 1 into one vector's halves; then within each half lanes i and
+// i + 4; then i and i + 2; then i and i + 1. Lane L of the last holds v[L bit-reversed]'s sum.
+static inline __attribute__((always_inline)) void hsum16(const f32v v[16], float sums[16]) {
+    f32v a[8], b[4], c[2];
+    UNROLL for (int j = 0; j < 8; j++)
+        a[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    UNROLL for (int j = 0; j < 4; j++)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    UNROLL for (int j = 0; j < 2; j++)
+        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const f32v d = __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+                   __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    static const unsigned char bit_reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    UNROLL for (int l = 0; l < 16; l++) sums[bit_reversed[l]] = d[l];
+}
+
 // res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).
 static inline __attribute__((always_inline)) void tile_f32(const float *const w[ROWS], const float *const x[TOKENS], int T, int K, float res[ROWS][TOKENS]) {
-    f32v acc[ROWS][TOKENS];
+    f32v acc[ROWS * TOKENS];   // (row, token) at row * TOKENS + token
     UNROLL for (int r = 0; r < ROWS; r++)
-        UNROLL for (int t = 0; t < T; t++) acc[r][t] = (f32v){0};
+        UNROLL for (int t = 0; t < T; t++) acc[r * TOKENS + t] = (f32v){0};
     int k = 0;
     for (; k + LANES <= K; k += LANES) {
         f32v wv[ROWS];
         UNROLL for (int r = 0; r < ROWS; r++) wv[r] = load_f32(w[r] + k);
         UNROLL for (int t = 0; t < T; t++) {
             const f32v xv = load_f32(x[t] + k);
-            UNROLL for (int r = 0; r < ROWS; r++) acc[r][t] += wv[r] * xv;
+            UNROLL for (int r = 0; r < ROWS; r++) acc[r * TOKENS + t] += wv[r] * xv;
         }
     }
+    float sums[ROWS * TOKENS];
+    _Static_assert(ROWS * TOKENS == 16, "a tile's sums by hsum16");
+    if (T == TOKENS) hsum16(acc, sums);
+    else
+        UNROLL for (int r = 0; r < ROWS; r++)
+            UNROLL for (int t = 0; t < T; t++) sums[r * TOKENS + t] = hsum(acc[r * TOKENS + t]);
     for (int r = 0; r < ROWS; r++)
         UNROLL for (int t = 0; t < T; t++) {
-            float s = hsum(acc[r][t]);
+            float s = sums[r * TOKENS + t];
             for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
             res[r][t] = s;
         }
@@ -185,6 +215,8 @@ static float ISA_NAME(dot)(const float *x, const float *y, int n) {
 }
 
 // att[t] = (q . k_t) / sqrt(n), k_t = keys + t * stride: dot's arithmetic for each, in one call.
+// (16 keys at a time with hsum16 measured slower: the keys' rows are read 16 at once, not one
+// after another; bench/NOTES.md 50.)
 static void ISA_NAME(scores)(const float *q, const float *keys, size_t stride, int T, int n, float *att) {
     const float root = sqrtf((float)n);
     for (int t = 0; t < T; t++) att[t] = ISA_NAME(dot)(q, keys + (size_t)t * stride, n) / root;
@@ -225,6 +257,7 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
 #undef load_f32
 #undef load_i8
 #undef tile_f32
+#undef hsum16
 #undef rows_q8
 #undef dequant_rows
 #undef store

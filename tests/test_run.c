@@ -532,6 +532,39 @@ static void test_cpu_matmul_shape(int N, int K, int gs, const char *isa) {
     check(!bad, name, "%s", bad);
 }
 
+// Attention's scores on this instruction set: att[t] = q . k_t / sqrt(n) for T keys in one call
+// (16 at a time, their sums by hsum16) against the float64 reference within 1e-5 x sum |q k|, and
+// bit for bit what each key gives alone (T = 1: one dot product); keys a stride apart wider than
+// n, awkward n and T; att poisoned first.
+static void test_cpu_scores(const char *isa) {
+    static const int ns[] = {6, 16, 48, 50, 128}, Ts[] = {1, 15, 16, 17, 40};
+    char name[160];
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (size_t b = 0; b < sizeof Ts / sizeof Ts[0]; b++) {
+            const int n = ns[a], T = Ts[b];
+            const size_t stride = (size_t)n + 3;
+            float *q = talloc(n * sizeof(float)), *keys = talloc(T * stride * sizeof(float)), *att = talloc(T * sizeof(float));
+            for (int i = 0; i < n; i++) q[i] = urand_unit();
+            for (size_t i = 0; i < T * stride; i++) keys[i] = urand_unit();
+            for (int t = 0; t < T; t++) att[t] = NAN;
+            vec_scores(q, keys, stride, T, n, att);
+            const char *bad = NULL;
+            double err = 0.0;
+            for (int t = 0; t < T && !bad; t++) {
+                double ref = 0.0, mag = 0.0;
+                for (int i = 0; i < n; i++) ref += (double)q[i] * keys[t * stride + i], mag += fabs((double)q[i] * keys[t * stride + i]);
+                ref /= sqrt((double)n), mag /= sqrt((double)n);
+                float alone = NAN;
+                vec_scores(q, keys + t * stride, stride, 1, n, &alone);
+                err = fabs(att[t] - ref);
+                if (!(err <= 1e-5 * mag)) bad = "off the float64 reference";
+                else if (!(att[t] == alone)) bad = "other bits than the key alone";
+            }
+            snprintf(name, sizeof name, "cpu attention scores %s: n %d, %d keys == float64 (1e-5) and each key alone", isa, n, T);
+            check(!bad, name, "%s (error %.3e)", bad, err);
+        }
+}
+
 static void test_cpu_matmul(void) {
     static const int shapes[][3] = {   // N, K, gs (0: FP32)
         {1, 16, 16}, {7, 33, 16}, {13, 100, 32}, {33, 288, 64}, {5, 172, 64}, {9, 130, 128},
@@ -543,6 +576,7 @@ static void test_cpu_matmul(void) {
         tested++;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_cpu_matmul_shape(shapes[s][0], shapes[s][1], shapes[s][2], vec_isa_name());
+        test_cpu_scores(vec_isa_name());
         arena_free();
     }
     for (int i = 0; i < vec_isa_count(); i++)   // back to the best one
