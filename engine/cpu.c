@@ -215,7 +215,9 @@ typedef struct {
     int layer;
 } AttentionJob;
 
-// Items lo..hi of (token, head) pairs; slot's own row of scores.
+// Items lo..hi of (head, token) pairs, head-major: a prompt's later tokens attend to more rows, so
+// that token-major halves gave one thread about three times the other's work (and a head's keys
+// are read by its tokens one after another); slot's own row of scores.
 static void attention_heads(void *ctx, int lo, int hi, int slot) {
     const AttentionJob *j = ctx;
     Exec *e = j->e;
@@ -223,7 +225,7 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
     const int head_size = p->head_dim, q_dim = q_dim_of(p), kv_dim = kv_width_of(p), kv_mul = p->n_heads / p->n_kv_heads;
     float *att = e->s.att + (size_t)slot * e->cfg.seq_len;
     for (int item = lo; item < hi; item++) {
-        const int m = item / p->n_heads, h = item % p->n_heads, last = token_pos(j->st, m);
+        const int h = item / j->st->M, m = item % j->st->M, last = token_pos(j->st, m);
         const size_t loff = cache_offset(e, j->st, j->layer, m);
         const float *q = e->s.q + (size_t)m * q_dim + h * head_size;
         const size_t head = loff + (size_t)(h / kv_mul) * head_size;   // of the head's row 0 in the caches
@@ -234,7 +236,7 @@ static void attention_heads(void *ctx, int lo, int hi, int slot) {
     }
 }
 
-// (token, head) pairs split over the pool's threads.
+// (head, token) pairs split over the pool's threads.
 static void cpu_attention(Exec *e, int layer, const Step *st) {
     AttentionJob j = {e, st, layer};
     const long per_item = 2L * (token_pos(st, st->M - 1) + 1) * e->cfg.head_dim;
