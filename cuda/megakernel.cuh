@@ -1,17 +1,20 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41 and 46 have each design step and where the time goes.
+// bench/NOTES.md 41, 46 and 49 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
+//   mk_pack_kernel                  the linear stages' weights copied at load into the order and
+//                                   MMA fragment layout the ring takes them (a tile: one copy)
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
 //
 // The weights of a step do not depend on its activations, only the arithmetic does. So each
 // block owns a fixed list of weight tiles, the same rows of the same matrices at every step, and
-// its producer warps stream them through a ring of shared-memory slots with bulk copies (the copy
-// engine), in the step's order, without ever waiting for an activation: only for a free slot. The
-// next matrix's first tiles are then in flight while the current one finishes, in every block.
+// its producer warps stream them (from a copy of the weights laid out in that order) through a
+// ring of shared-memory slots with bulk copies (the copy engine), in the step's order, without
+// ever waiting for an activation: only for a free slot. The next matrix's first tiles are then in
+// flight while the current one finishes, in every block.
 // Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
 // counted all its units done in a counter in global memory (no grid-wide barrier); a block with
 // no unit in a stage goes straight on. Small work (the embedding row, attention, its combine
