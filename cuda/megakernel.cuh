@@ -74,6 +74,7 @@ constexpr int kMkMaxSlots = MK_SLOTS / MK_PIPES * MK_PIPES, kMkMinSlots = 2 * MK
 constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkStepBytes = kMkRows * 32, kMkTileBytes = kMkRows * kMkCols;
 constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
 static_assert(kMkSpan % 32 == 0, "a warp's columns: whole MMA steps");
+static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all within xpad or all past it");
 // x staged in batches of 8 float4 a consumer thread (its loads all in flight at once)
 constexpr int kMkXQuads = 8, kMkXBatch = 4 * kMkXQuads * kMkConsumers;
 // Attention rows per split: at least kMkMinChunk (each consumer thread scores a row, so shorter
@@ -285,6 +286,8 @@ struct MkCursor {
 // Every tile of the block's units, in the step's order, into the next slot of the ring once the
 // consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes and copies its
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
+// A partial column tile leaves its slot's later steps as an earlier tile left them: the consumers
+// multiply those bytes by x's digits past K, which mk_stage_x writes as zeros.
 __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
@@ -719,10 +722,15 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
     *bytes = 0;
     for (int s = 0; s < n; s++)
         if (stages[s].kind == MK_GEMV) *bytes += (size_t)stages[s].units * mk_tiles_a_unit(stages[s]) * mk_record_bytes(stages[s].a.gs);
-    const cudaError_t e = cudaMalloc(pack, *bytes);
+    // room for the copy and a margin: the schedule's own buffers and the step's graph come after it
+    constexpr size_t kMargin = 256u << 20;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const cudaError_t e = *bytes + kMargin <= free_bytes ? cudaMalloc(pack, *bytes) : cudaErrorMemoryAllocation;
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();   // not sticky: clear it for the calls after
-        snprintf(why, ERR_LEN, "its copy of the weights in tile order (%.2f GB) does not fit the GPU's free memory", *bytes / 1e9);
+        snprintf(why, ERR_LEN, "its copy of the weights in tile order (%.2f GB) does not fit the GPU's free memory (%.2f GB)", *bytes / 1e9,
+                 free_bytes / 1e9);
         return false;
     }
     CUDA_CHECK(e);

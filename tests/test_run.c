@@ -533,9 +533,10 @@ static void test_cpu_matmul_shape(int N, int K, int gs, const char *isa) {
 }
 
 // Attention's scores on this instruction set: att[t] = q . k_t / sqrt(n) for T keys in one call
-// (16 at a time, their sums by hsum16) against the float64 reference within 1e-5 x sum |q k|, and
-// bit for bit what each key gives alone (T = 1: one dot product); keys a stride apart wider than
-// n, awkward n and T; att poisoned first.
+// against the float64 reference within 1e-5 x sum |q k|, and bit for bit what each key gives alone
+// (T = 1), which decode's scores are: a scores kernel that batches keys (as one summing 16 at a
+// time by hsum16 did, bench/NOTES.md 50) must keep each key's bits; keys a stride apart wider
+// than n, awkward n and T; att poisoned first.
 static void test_cpu_scores(const char *isa) {
     static const int ns[] = {6, 16, 48, 50, 128}, Ts[] = {1, 15, 16, 17, 40};
     char name[160];
