@@ -223,6 +223,10 @@ __host__ __device__ __forceinline__ int mk_tiles_a_unit(const MkStage &st) {
     const int rows = (st.pair ? 2 : 1) * st.a.tma_rows;
     return (rows + kMkRows - 1) / kMkRows * ((st.a.stride + kMkCols - 1) / kMkCols);
 }
+// Where unit u's tile t's record starts in the stage's pack; unit st.units's first: the pack's size.
+__host__ __device__ __forceinline__ size_t mk_record_at(const MkStage &st, int u, int t) {
+    return ((size_t)u * mk_tiles_a_unit(st) + t) * mk_record_bytes(st.a.gs);
+}
 
 // Tile blockIdx.y of unit blockIdx.x of a linear stage into its record at dst.
 __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
@@ -231,7 +235,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     const int t = blockIdx.y, gs = st.a.gs;
     if (t >= b.tiles) return;   // the last unit's rows end sooner: records never copied
     const MkRows r = mk_rows(st, b);
-    unsigned char *rec = dst + ((size_t)blockIdx.x * mk_tiles_a_unit(st) + t) * mk_record_bytes(gs);
+    unsigned char *rec = dst + mk_record_at(st, blockIdx.x, t);
     const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
     for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
         const int lane = i % 32, col = c0 + 32 * (i / 32) + 8 * (lane % 4);   // a multiple of 8: all in the row or none
@@ -275,7 +279,7 @@ struct MkCursor {
     __device__ void at_unit(const MkStage &st) {
         const TmaBlock b = mk_unit(st, u);
         tiles = b.tiles, col_tiles = b.col_tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
-        unit = st.pack + (size_t)u * mk_tiles_a_unit(st) * record;
+        unit = st.pack + mk_record_at(st, u, 0);
     }
     __device__ const unsigned char *weights() const { return unit + (size_t)t * record; }
     __device__ const unsigned char *scales() const { return weights() + kMkTileBytes; }
@@ -721,7 +725,7 @@ static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage 
 static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, size_t *bytes, char *why) {
     *bytes = 0;
     for (int s = 0; s < n; s++)
-        if (stages[s].kind == MK_GEMV) *bytes += (size_t)stages[s].units * mk_tiles_a_unit(stages[s]) * mk_record_bytes(stages[s].a.gs);
+        if (stages[s].kind == MK_GEMV) *bytes += mk_record_at(stages[s], stages[s].units, 0);
     // room for the copy and a margin: the schedule's own buffers and the step's graph come after it
     constexpr size_t kMargin = 256u << 20;
     size_t free_bytes = 0, total_bytes = 0;
@@ -740,7 +744,7 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
         if (st.kind != MK_GEMV) continue;
         st.pack = *pack + at;
         launch(g, "mk_pack_kernel", mk_pack_kernel, dim3(st.units, mk_tiles_a_unit(st)), dim3(256), 0, st, *pack + at);
-        at += (size_t)st.units * mk_tiles_a_unit(st) * mk_record_bytes(st.a.gs);
+        at += mk_record_at(st, st.units, 0);
     }
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return true;
