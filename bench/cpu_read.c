@@ -87,8 +87,8 @@ int main(int argc, char **argv) {
     }
     const int fd = open(argv[1], O_RDONLY);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) || st.st_size < (off_t)(LANES * sizeof(float) * threads)) {
-        fprintf(stderr, "cpu_read: %s: cannot open, or too small\n", argv[1]);
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size < (off_t)(LANES * sizeof(float) * threads)) {
+        fprintf(stderr, "cpu_read: %s: cannot open, not a regular file, or too small\n", argv[1]);
         return 1;
     }
     const float *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
