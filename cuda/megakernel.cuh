@@ -61,6 +61,11 @@ constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 
 #ifndef MK_BLOCKS
 #define MK_BLOCKS 1
 #endif
+// MK_EVICT_FIRST (default on; 0 for the A/B): the weights' copies marked first to leave L2, so
+// that the activations, norm weights and KV cache stay there (bench/NOTES.md 51).
+#ifndef MK_EVICT_FIRST
+#define MK_EVICT_FIRST 1
+#endif
 // Ring slots: a multiple of the pipes, so that a slot is always the same pipe's (its producer then
 // reuses it only after its own consumers freed it, and no barrier wait can be two phases behind,
 // which the parity waits could not tell from one); two a pipe at least.
@@ -75,8 +80,9 @@ constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkStepBytes = kMkRows * 32, kMkT
 constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
 static_assert(kMkSpan % 32 == 0, "a warp's columns: whole MMA steps");
 static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all within xpad or all past it");
-// x staged in batches of 8 float4 a consumer thread (its loads all in flight at once)
-constexpr int kMkXQuads = 8, kMkXBatch = 4 * kMkXQuads * kMkConsumers;
+// x staged in batches of 8 float4 a consumer thread (its loads all in flight at once; 16 were
+// slower: bench/NOTES.md 51)
+constexpr int kMkXQuads = 8;
 // Attention rows per split: at least kMkMinChunk (each consumer thread scores a row, so shorter
 // splits do not finish sooner, and more than one split costs the combine stage), at most
 // kMkMaxChunk (its scores in shared memory).
@@ -114,18 +120,32 @@ struct MkParams {
     int slot_bytes;        // kMkTileBytes + the scales of kMkRows rows of the smallest group size
     int scratch_bytes;     // x staged for a linear stage (MkX), or one attention unit's floats
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
-    unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, 4) %globaltimer stamps, else NULL
+    unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
 };
 
-// -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start, after its
-// wait, after x is staged, at its end.
+// -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
+// after its wait (1), after x is staged (2), at its end (3); within a linear stage when its first
+// loads of x have landed (4: mk_stamp_after, ordered after the value `after`), when its digits are
+// stored (5), when every consumer's tiles are done (6) and the rows finished (7).
+constexpr int kMkStamps = 8;
 __device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) {
 #ifdef MK_TRACE
     if (threadIdx.x == 0) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * 4 + k] = t;
+        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] = t;
     }
+#endif
+}
+__device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int k, float after) {
+#ifdef MK_TRACE
+    if (threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(after));
+        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] = t;
+    }
+#else
+    (void)p, (void)stage, (void)k, (void)after;
 #endif
 }
 
@@ -296,13 +316,19 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
     MkRing at;
+    const uint64_t policy = MK_EVICT_FIRST ? l2_evict_first() : 0;
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
         mbar_arrive_expect(bar, tile.weight_bytes() + tile.scale_bytes());
-        bulk_copy_counted(dst, tile.weights(), tile.weight_bytes(), bar);
-        bulk_copy_counted(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar);
+        if (MK_EVICT_FIRST) {
+            bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
+            bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
+        } else {
+            bulk_copy_counted(dst, tile.weights(), tile.weight_bytes(), bar);
+            bulk_copy_counted(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar);
+        }
     }
 }
 
@@ -368,7 +394,9 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
 // float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
 // largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
 // with a barrier.
-__device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool norm) {
+template <bool norm>
+__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a) {
+    constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
     const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
     for (int base = 0; base < xs.xpad; base += kMkXBatch) {
@@ -379,6 +407,7 @@ __device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool nor
             v[i] = mk_load_x4(a.x, k, K);
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
+        if (base == 0) mk_stamp_after(p, stage, 4, v[0].x);
 #pragma unroll
         for (int i = 0; i < kMkXQuads; i++) {   // the largest |x| of each 16: a lane's 4, then 4 lanes'
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
@@ -413,6 +442,7 @@ __device__ float mk_stage_x(const MkX &xs, float *red, const Q8Args &a, bool nor
             mk_store_digits(xs, v[i], xs.u[k >> gshift], k);
         }
     }
+    mk_stamp(p, stage, 5);
     const float inv_rms = norm ? inv_rms_of(block_reduce<false, kMkConsumers>(sumsq, red), K, a.norm_eps) : 1.0f;
     consumer_sync();
     return inv_rms;
@@ -498,8 +528,9 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
     const int gshift = st.a.group_shift + 4, c = lane % 4;
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
-    const float inv_rms = mk_stage_x(xs, red, st.a, st.norm != 0);
-    mk_stamp(p, int(&st - p.stages), 2);
+    const int stage = int(&st - p.stages);
+    const float inv_rms = st.norm ? mk_stage_x<true>(p, stage, xs, red, st.a) : mk_stage_x<false>(p, stage, xs, red, st.a);
+    mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
@@ -524,8 +555,10 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         }
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
+        mk_stamp(p, stage, 6);
         finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair);
         consumer_sync();   // sums free for the next unit
+        mk_stamp(p, stage, 7);
     }
 }
 
@@ -817,7 +850,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaMemset(p.counters, 0, (count + 1) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
-    CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * 32));
+    CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
 #endif
     p.stages = mg->stages;
     mg->p = p;
@@ -831,23 +864,31 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 // After the 100th launch: per stage, over the blocks that worked in it, the mean wait, staging and
 // work times and when the stage's first block started and its last ended, from the kernel's start.
 static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
-    const size_t n = (size_t)m->blocks * m->p.n_stages * 4;
+    const size_t n = (size_t)m->blocks * m->p.n_stages * kMkStamps;
     unsigned long long *t = (unsigned long long *)malloc(n * 8);
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(t, m->p.trace, n * 8, cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0) t0 = t[i];
-    fprintf(stderr, "trace: stage kind blocks | wait stage-x work (us, mean) | first start, last end (us)\n");
+    fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us)\n");
     for (int s = 0; s < m->p.n_stages; s++) {
-        double w = 0, x = 0, k = 0, first = 1e30, last = 0;
+        double sum[7] = {0}, first = 1e30, last = 0;
         int nb = 0;
         for (int b = 0; b < m->blocks; b++) {
-            const unsigned long long *e = t + ((size_t)b * m->p.n_stages + s) * 4;
+            const unsigned long long *e = t + ((size_t)b * m->p.n_stages + s) * kMkStamps;
             if (!e[0] || !e[3] || e[0] < t0) continue;
-            nb++, w += (e[1] - e[0]) / 1e3, x += e[2] > e[1] ? (e[2] - e[1]) / 1e3 : 0, k += (e[3] - (e[2] > e[1] ? e[2] : e[1])) / 1e3;
+            nb++;
+            const int order[8] = {0, 1, 4, 5, 2, 6, 7, 3};   // the stamps in time order; a missing one counts 0
+            unsigned long long prev = e[0];
+            for (int i = 1; i < 8; i++) {
+                const unsigned long long at = e[order[i]];
+                if (at >= prev) sum[i - 1] += (at - prev) / 1e3, prev = at;
+            }
             first = fmin(first, (e[0] - t0) / 1e3), last = fmax(last, (e[3] - t0) / 1e3);
         }
-        if (nb) fprintf(stderr, "trace: %3d %d %3d | %7.2f %7.2f %7.2f | %8.2f %8.2f\n", s, m->kinds[s], nb, w / nb, x / nb, k / nb, first, last);
+        if (nb)
+            fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f\n", s, m->kinds[s], nb, sum[0] / nb,
+                    sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last);
     }
     free(t);
 }
@@ -856,7 +897,7 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
 extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 #ifdef MK_TRACE
     static int launches = 0;
-    if (launches == 100) CUDA_CHECK(cudaMemset(m->p.trace, 0, (size_t)m->blocks * m->p.n_stages * 32));
+    if (launches == 100) CUDA_CHECK(cudaMemset(m->p.trace, 0, (size_t)m->blocks * m->p.n_stages * kMkStamps * 8));
 #endif
     if (m->kv_half) launch(g, "mega_kernel", mega_kernel<__half>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
     else launch(g, "mega_kernel", mega_kernel<float>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
