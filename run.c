@@ -694,8 +694,11 @@ int main(int argc, char **argv) {
     if (rc == CLI_USAGE) usage(err);
     if (rc) die(err);
     signal(SIGPIPE, SIG_IGN);   // a closed stdout becomes a write error with a message, not a kill
+    // the CPU executor reads the file into memory of its own (its weights stream faster from huge
+    // pages); the GPU uploads it from the mapping (make_executor says why a GPU run falls back)
+    const int on_cpu = !a.tokenize_file && (!strcmp(a.device, "cpu") || gpu_usable(err) != 0);
     Model model;
-    if (load_model(a.checkpoint, &model, err)) die(err);
+    if (load_model_as(a.checkpoint, &model, on_cpu ? LOAD_RESIDENT : LOAD_MAPPED, err)) die(err);
     Text tok;
     open_text(&tok, &model, &a, argv[0]);
     if (a.tokenize_file) {

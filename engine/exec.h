@@ -177,5 +177,7 @@ typedef struct {
 // Uploads the model and allocates the state on the GPU: 0, or one of the codes above with the
 // reason in why (ERR_LEN).
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why);
+// 0 where a GPU this build can use is present, else GPU_UNAVAILABLE with the reason in why.
+int gpu_usable(char *why);
 
 #endif

@@ -500,9 +500,14 @@ int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     describe_path(e, m, &opt);
     return 0;
 }
+
+int gpu_usable(char *why) { return gpu_probe(why) ? GPU_UNAVAILABLE : 0; }
 #else
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     (void)e, (void)m, (void)opt;
+    return gpu_usable(why);
+}
+int gpu_usable(char *why) {
     snprintf(why, ERR_LEN, "this build has no GPU support (nvcc was not found at build time)");
     return GPU_UNAVAILABLE;
 }

@@ -95,8 +95,10 @@ typedef struct {
     int gs;                 // group size (INT8 only)
     int shared_classifier;  // 1: the classifier is the token embedding
     Weights w;
-    void *map;              // the file, mmapped read-only
+    void *map;              // the file's bytes: mapped read-only, or read into memory (LOAD_RESIDENT)
     size_t map_bytes;
+    void *region;           // the mapping that holds them (munmap'd by free_model)
+    size_t region_bytes;
     void *owned;            // weights the loader repacked (llama2.c v2), or NULL
     size_t owned_bytes;
     int version;            // Q8LM: 1 or 2
@@ -106,7 +108,12 @@ typedef struct {
     int bos_id, eos_id, eot_id, add_bos, chat_template;
 } Model;
 
-// Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err.
+// Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err. LOAD_MAPPED maps
+// the file (its pages read as touched, shared with the page cache); LOAD_RESIDENT reads it whole
+// into memory of its own in huge pages where the system gives them (the CPU executor's weights
+// stream faster: bench/NOTES.md 52). load_model: LOAD_MAPPED.
+enum { LOAD_MAPPED, LOAD_RESIDENT };
+int  load_model_as(const char *path, Model *m, int how, char *err);
 int  load_model(const char *path, Model *m, char *err);
 void free_model(Model *m);
 int  validate_config(const Config *c, char *why);   // 0 if sane, else reason in why

@@ -831,15 +831,18 @@ static double max_weight_diff(const Model *a, const Model *b) {
     return d;
 }
 
-// Expects load_model to refuse `bytes` written as a file, with a message naming the file.
+// Expects load_model to refuse `bytes` written as a file, with a message naming the file, both
+// mapped and read into memory (LOAD_RESIDENT), with the same message.
 static void expect_refused(const char *name, const unsigned char *bytes, size_t n, const char *keyword) {
-    char *path = tpath("bad.bin"), err[ERR_LEN] = "";
+    char *path = tpath("bad.bin"), err[ERR_LEN] = "", err2[ERR_LEN] = "";
     Model m;
     write_file(path, bytes, n);
     int rc = load_model(path, &m, err);
     if (rc == 0) free_model(&m);
-    int ok = rc == -1 && strstr(err, path) == err && (!keyword || strstr(err, keyword));
-    check(ok, name, "rc %d, message \"%s\" (expected the path and \"%s\")", rc, err, keyword ? keyword : "");
+    int rc2 = load_model_as(path, &m, LOAD_RESIDENT, err2);
+    if (rc2 == 0) free_model(&m);
+    int ok = rc == -1 && strstr(err, path) == err && (!keyword || strstr(err, keyword)) && rc2 == -1 && !strcmp(err, err2);
+    check(ok, name, "rc %d / %d, messages \"%s\" / \"%s\" (expected the path and \"%s\")", rc, rc2, err, err2, keyword ? keyword : "");
 }
 
 static void mutate_i32(const char *name, const unsigned char *good, size_t n, size_t at, int32_t value, const char *keyword) {
@@ -925,6 +928,17 @@ static void test_loaders(void) {
     d = rc == 0 ? max_weight_diff(&m0, &m) : 1;
     check(rc == 0 && m.format == FMT_V2 && m.gs == 8 && d < 0.05, "load llama2.c v2 gs 8 (row-aligned groups)", "%s %g", err, d);
     if (rc == 0) free_model(&m);
+    const char *each[] = {v0, v1, q8, v2};
+    for (int i = 0; i < 4; i++) {   // read into memory: the same weights as mapped, in 2 MB-aligned memory of its own
+        Model mapped, resident;
+        int rm = load_model(each[i], &mapped, err), rr = load_model_as(each[i], &resident, LOAD_RESIDENT, err);
+        d = rm == 0 && rr == 0 ? max_weight_diff(&mapped, &resident) : 1;
+        const int own = rr == 0 && (uintptr_t)resident.map % (2u << 20) == 0 && resident.map_bytes == mapped.map_bytes;
+        check(rm == 0 && rr == 0 && d == 0.0 && own && resident.format == mapped.format, "LOAD_RESIDENT: same weights as mapped",
+              "%s: %s, diff %g, at %p", each[i], err, d, rr == 0 ? resident.map : NULL);
+        if (rm == 0) free_model(&mapped);
+        if (rr == 0) free_model(&resident);
+    }
 
     size_t n0, nq;
     unsigned char *b0 = slurp(v0, &n0), *bq = slurp(q8, &nq), *b1 = slurp(v1, &n1), *b2 = slurp(v2, &n2);
