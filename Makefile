@@ -139,8 +139,8 @@ bench: run quantize tokenizer.bin bench/kernel_bench
 bench-cpu: run quantize tokenizer.bin models/code15M.bin bench/cpu_read
 	sh bench/cpu.sh
 # the machine's read ceiling for bench/cpu.sh (built for the machine that runs it)
-bench/cpu_read: bench/cpu_read.c
-	$(CC) $(CFLAGS) -march=native -o $@ $< $(LDLIBS)
+bench/cpu_read: bench/cpu_read.c engine/util.c engine/util.h
+	$(CC) $(CFLAGS) -march=native -o $@ bench/cpu_read.c engine/util.c $(LDLIBS)
 
 clean:
 	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench tests/fuzz/fuzz_* tests/fuzz/replay_*

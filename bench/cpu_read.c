@@ -1,20 +1,21 @@
-// cpu_read: how fast this machine's CPU threads can read a file's bytes, mapped as the engine
-// maps a checkpoint: the ceiling of a decode step that reads every weight once (bench/cpu.sh
-// prints it beside the engines; bench/NOTES.md 50).
+// cpu_read: how fast this machine's CPU threads can read a file's bytes, held as the CPU executor
+// holds a checkpoint (read into memory in 2 MB pages: read_resident): the ceiling of a decode step
+// that reads every weight once (bench/cpu.sh prints it beside the engines; bench/NOTES.md 50, 52).
 //   cpu_read FILE [THREADS [REPEATS]]
-// Each thread sums its contiguous slice of the mapped file as floats, in 16 independent lanes (the
+// Each thread sums its contiguous slice of the file's bytes as floats, in 16 independent lanes (the
 // compiler vectorizes them); all threads start together; a repeat's time runs from the first
 // thread's start to the last one's end.
-// Prints the median and best GB/s over the repeats, after one untimed pass (page cache, TLB).
+// Prints the median and best GB/s over the repeats, after one untimed pass.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 enum { LANES = 16, MAX_THREADS = 256, MAX_REPEATS = 1000 };
 
@@ -91,9 +92,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cpu_read: %s: cannot open, not a regular file, or too small\n", argv[1]);
         return 1;
     }
-    const float *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-        fprintf(stderr, "cpu_read: %s: cannot map\n", argv[1]);
+    void *region;
+    size_t region_bytes;
+    const float *p = (const float *)read_resident(fd, (size_t)st.st_size, &region, &region_bytes);
+    if (!p) {
+        fprintf(stderr, "cpu_read: %s: cannot read into memory\n", argv[1]);
         return 1;
     }
     const size_t n = (size_t)st.st_size / sizeof(float);

@@ -2,6 +2,7 @@
 // Every header field is checked, and the file size is compared with the size the header
 // implies, before any weight is touched: a bad file gets one message, never a wild read.
 #include "model.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -512,32 +513,6 @@ static int load_mapped(Src *f, Model *m) {
     char msg[ERR_LEN];
     snprintf(msg, sizeof msg, "header field version = %d: llama2.c versions 1 (FP32) and 2 (INT8) are supported", version);
     return fail(f, msg);
-}
-
-// The file's bytes read into an anonymous mapping of their own at a 2 MB boundary, with huge
-// pages asked for (Linux: MADV_HUGEPAGE): a stream over the weights then walks one TLB entry per
-// 2 MB instead of per 4 KB (bench/NOTES.md 52). Returns the bytes' start, or NULL (errno set);
-// *region and *region_bytes: the whole mapping, for munmap.
-#define RESIDENT_ALIGN ((size_t)2 << 20)
-static unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region_bytes) {
-    const size_t span = (bytes + RESIDENT_ALIGN - 1) / RESIDENT_ALIGN * RESIDENT_ALIGN + RESIDENT_ALIGN;
-    void *r = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r == MAP_FAILED) return NULL;
-    unsigned char *base = (unsigned char *)(((uintptr_t)r + RESIDENT_ALIGN - 1) & ~(uintptr_t)(RESIDENT_ALIGN - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(base, span - (size_t)(base - (unsigned char *)r), MADV_HUGEPAGE);   // a hint: without it, small pages
-#endif
-    for (size_t got = 0; got < bytes;) {
-        const ssize_t n = pread(fd, base + got, bytes - got, (off_t)got);
-        if (n <= 0) {
-            if (n == 0) errno = EIO;   // the file shrank under us
-            munmap(r, span);
-            return NULL;
-        }
-        got += (size_t)n;
-    }
-    *region = r, *region_bytes = span;
-    return base;
 }
 
 int load_model_as(const char *path, Model *m, int how, char *err) {

@@ -2,10 +2,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "model.h"   // ERR_LEN
 
@@ -47,4 +50,27 @@ long time_in_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1000000L + t.tv_nsec / 1000;
+}
+
+#define RESIDENT_ALIGN ((size_t)2 << 20)
+unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region_bytes) {
+    const size_t span = (bytes + RESIDENT_ALIGN - 1) / RESIDENT_ALIGN * RESIDENT_ALIGN + RESIDENT_ALIGN;
+    void *r = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    unsigned char *base = (unsigned char *)(((uintptr_t)r + RESIDENT_ALIGN - 1) & ~(uintptr_t)(RESIDENT_ALIGN - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(base, span - (size_t)(base - (unsigned char *)r), MADV_HUGEPAGE);   // a hint: without it, small pages
+#endif
+    for (size_t got = 0; got < bytes;) {
+        const ssize_t n = pread(fd, base + got, bytes - got, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            if (n == 0) errno = EIO;   // the file shrank under us
+            munmap(r, span);
+            return NULL;
+        }
+        got += (size_t)n;
+    }
+    *region = r, *region_bytes = span;
+    return base;
 }
