@@ -28,6 +28,8 @@ typedef struct {
     int batch_graph_B;
     GpuGraph **capture_into;    // while a step is being captured: &graph or &batch_graph; else NULL
     GpuMega *mega;              // the decode step as one kernel (--megakernel), or NULL: per matrix
+    MegaStage *record;          // while make_mega runs the step: the ops append their stages here
+    int recorded, record_cap;
     int decode_step;            // this step is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
     unsigned used[2];           // bit k: LinearKernel k served a call of one token [0], of more [1]
@@ -58,8 +60,26 @@ static void set_input(Exec *e, LinearCall *c, LinearKernel k, Input in) {
     c->norm_eps = e->cfg.norm_eps;
 }
 
+// While make_mega records the decode step (GPU(e)->record): the op's stage appended instead of
+// run. A linear stage keeps its norm (the megakernel folds every one).
+static int record(Exec *e, MegaStage stage) {
+    GpuExec *g = GPU(e);
+    if (!g->record) return 0;
+    if (g->recorded == g->record_cap) {
+        fprintf(stderr, "run: internal error: the decode step has more stages than the megakernel's schedule holds\n");
+        exit(1);
+    }
+    g->record[g->recorded++] = stage;
+    return 1;
+}
+static int record_linear(Exec *e, LinearCall c) {
+    c.norm_eps = e->cfg.norm_eps;
+    return record(e, (MegaStage){.kind = MEGA_LINEAR, .linear = c});
+}
+
 static void gpu_op_matmul(Exec *e, float *out, Input in, int M, const Mat *w, int accumulate) {
     LinearCall c = {.form = LINEAR_PLAIN, .M = M, .x = in.x, .w = {w}, .y = out, .accumulate = accumulate, .norm_w = in.norm_w};
+    if (record_linear(e, c)) return;
     const LinearKernel k = choose_linear(GPU(e)->ctx, &GPU(e)->opt, &c);
     set_input(e, &c, k, in);
     run_linear(e, k, &c);
@@ -85,6 +105,7 @@ static QkvRope qkv_rope(Exec *e, int layer, const Step *st) {
 static void gpu_op_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *wq, const Mat *wk, const Mat *wv) {
     LinearCall c = {.form = LINEAR_QKV_ROPE, .M = st->M, .x = in.x, .w = {wq, wk, wv}, .y = e->s.q, .norm_w = in.norm_w};
     c.qkv = qkv_rope(e, layer, st);
+    if (record_linear(e, c)) return;
     const LinearKernel k = choose_linear(GPU(e)->ctx, &GPU(e)->opt, &c);
     if (!linear_has_epilogues(k)) {
         qkv_by_matmul(e, layer, in, st, wq, wk, wv);
@@ -98,6 +119,7 @@ static void gpu_op_qkv(Exec *e, int layer, Input in, const Step *st, const Mat *
 // hb = silu(in w1^T) * (in w3^T): one launch with the SwiGLU in its epilogue, or two and a kernel.
 static void gpu_op_ffn_up(Exec *e, Input in, int M, const Mat *w1, const Mat *w3) {
     LinearCall c = {.form = LINEAR_SWIGLU, .M = M, .x = in.x, .w = {w1, w3}, .y = e->s.hb, .norm_w = in.norm_w};
+    if (record_linear(e, c)) return;
     const LinearKernel k = choose_linear(GPU(e)->ctx, &GPU(e)->opt, &c);
     if (!linear_has_epilogues(k)) {
         const Input x = plain(gpu_op_apply_norm(e, in, M));
@@ -150,6 +172,7 @@ static StepStart run_mega(Exec *e) {
 
 static StepStart gpu_op_begin(Exec *e, const int *tokens, const Step *st, int all_logits) {
     GpuExec *g = GPU(e);
+    if (g->record) return RUN_THE_OPS;   // make_mega: nothing runs
     gpu_set_inputs(g->ctx, tokens, st->M, st->pos);
     const int batch_step = st->layout == ONE_TOKEN_PER_SEQUENCE;
     g->decode_step = st->M == 1 && !all_logits && !batch_step;
@@ -174,6 +197,7 @@ static StepStart gpu_op_begin(Exec *e, const int *tokens, const Step *st, int al
 
 static void gpu_op_end(Exec *e) {
     GpuExec *g = GPU(e);
+    if (g->record) return;
     if (g->decode_step) {
         gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
         g->argmax_ready = 1;
@@ -187,11 +211,15 @@ static void gpu_op_end(Exec *e) {
 
 static void gpu_op_embed(Exec *e, const int *tokens, int M) {
     (void)tokens;   // already on the device (begin)
+    if (record(e, (MegaStage){.kind = MEGA_EMBED, .embedding = &e->w->tok_embedding, .x = e->s.x})) return;
     gpu_embed(GPU(e)->ctx, e->s.x, M, &e->w->tok_embedding);
 }
 
 static void gpu_op_attention(Exec *e, int layer, const Step *st) {
     const Config *p = &e->cfg;
+    if (record(e, (MegaStage){.kind = MEGA_ATTENTION, .q = e->s.q, .key_cache = layer_cache(e, e->s.key_cache, layer),
+                              .value_cache = layer_cache(e, e->s.value_cache, layer), .out = e->s.xb}))
+        return;
     gpu_attention(GPU(e)->ctx, e->s.xb, GPU(e)->att_part, e->s.q, layer_cache(e, e->s.key_cache, layer),
                   layer_cache(e, e->s.value_cache, layer), st->M, p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len,
                   GPU(e)->opt.kv_half, step_seq_stride(e, st));
@@ -379,39 +407,21 @@ static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
     gpu_sync(g->ctx);
 }
 
-// The decode step's schedule for the megakernel: the embedding row; per layer q, k and v (norm,
-// biases, RoPE and the KV store folded in), attention, the output projection (+ residual), w1 and
-// w3 with the SwiGLU (norm folded), w2 (+ residual); the classifier (final norm folded). The same
-// calls, on the same buffers, as the per-matrix path's decode step.
+// The decode step's schedule for the megakernel: forward() run once with the ops recording their
+// stages (the embedding row; per layer q, k and v with the norm, biases, RoPE and KV store,
+// attention, the output projection + residual, w1 and w3 with the SwiGLU, w2 + residual; the
+// classifier): the same calls, on the same buffers, as the per-matrix path's decode step.
 static GpuMega *make_mega(Exec *e, char *why) {
     const Config *p = &e->cfg;
-    const Weights *w = e->w;
-    RunState *s = &e->s;
-    const Step step = {ONE_SEQUENCE, 1, 0};
-    const size_t dim = (size_t)p->dim;
-    MegaStage *st = xcalloc(2 + 5 * (size_t)p->n_layers, sizeof(MegaStage));
-    int n = 0;
-    st[n++] = (MegaStage){.kind = MEGA_EMBED, .embedding = &w->tok_embedding, .x = s->x};
-    for (int l = 0; l < p->n_layers; l++) {
-        LinearCall qkv = {.form = LINEAR_QKV_ROPE, .M = 1, .x = s->x, .w = {&w->wq[l], &w->wk[l], &w->wv[l]}, .y = s->q,
-                          .norm_w = w->rms_att + l * dim, .norm_eps = p->norm_eps};
-        qkv.qkv = qkv_rope(e, l, &step);
-        st[n++] = (MegaStage){.kind = MEGA_LINEAR, .linear = qkv};
-        st[n++] = (MegaStage){.kind = MEGA_ATTENTION, .q = s->q, .key_cache = layer_cache(e, s->key_cache, l),
-                              .value_cache = layer_cache(e, s->value_cache, l), .out = s->xb};
-        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
-                              .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->xb, .w = {&w->wo[l]}, .y = s->x, .accumulate = 1}};
-        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
-                              .linear = {.form = LINEAR_SWIGLU, .M = 1, .x = s->x, .w = {&w->w1[l], &w->w3[l]}, .y = s->hb,
-                                         .norm_w = w->rms_ffn + l * dim, .norm_eps = p->norm_eps}};
-        st[n++] = (MegaStage){.kind = MEGA_LINEAR,
-                              .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->hb, .w = {&w->w2[l]}, .y = s->x, .accumulate = 1}};
-    }
-    st[n++] = (MegaStage){.kind = MEGA_LINEAR, .linear = {.form = LINEAR_PLAIN, .M = 1, .x = s->x, .w = {&w->wcls}, .y = s->logits,
-                                                          .norm_w = w->rms_final, .norm_eps = p->norm_eps}};
-    const MegaAttention at = {p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len, GPU(e)->opt.kv_half};
-    GpuMega *m = gpu_mega_create(GPU(e)->ctx, st, n, at, why);
-    free(st);
+    GpuExec *g = GPU(e);
+    g->record_cap = 2 + 5 * p->n_layers, g->recorded = 0;
+    g->record = xcalloc((size_t)g->record_cap, sizeof(MegaStage));
+    const int token = 0;
+    forward(e, &token, 1, 0, 0);
+    const MegaAttention at = {p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len, g->opt.kv_half};
+    GpuMega *m = gpu_mega_create(g->ctx, g->record, g->recorded, at, why);
+    free(g->record);
+    g->record = NULL;
     return m;
 }
 
