@@ -529,6 +529,9 @@ int load_model_as(const char *path, Model *m, int how, char *err) {
         return fail(&f, "not a regular file");
     }
     f.bytes = (size_t)st.st_size;
+    // in memory only with room to spare (a quarter of what is available left over); else mapped,
+    // where the page cache can hold what fits and drop the rest
+    if (how == LOAD_RESIDENT && f.bytes > memory_available() / 4 * 3) how = LOAD_MAPPED;
     if (f.bytes > 0 && how == LOAD_RESIDENT) {
         unsigned char *base = read_resident(fd, f.bytes, &m->region, &m->region_bytes);
         if (!base) {

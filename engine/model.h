@@ -111,7 +111,8 @@ typedef struct {
 // Checkpoint loading: 0 on success, else -1 with "path: what is wrong" in err. LOAD_MAPPED maps
 // the file (its pages read as touched, shared with the page cache); LOAD_RESIDENT reads it whole
 // into memory of its own in huge pages where the system gives them (the CPU executor's weights
-// stream faster: bench/NOTES.md 52). load_model: LOAD_MAPPED.
+// stream faster: bench/NOTES.md 52), if the file takes at most three quarters of the memory
+// available, else maps it. load_model: LOAD_MAPPED.
 enum { LOAD_MAPPED, LOAD_RESIDENT };
 int  load_model_as(const char *path, Model *m, int how, char *err);
 int  load_model(const char *path, Model *m, char *err);

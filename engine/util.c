@@ -74,3 +74,15 @@ unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region
     *region = r, *region_bytes = span;
     return base;
 }
+
+size_t memory_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return (size_t)kb * 1024;
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);   // free pages only: an underestimate
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}

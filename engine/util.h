@@ -14,5 +14,8 @@ long time_in_us(void);   // a monotonic clock
 // takes a TLB entry per 2 MB instead of per 4 KB (bench/NOTES.md 52). Returns their start, or
 // NULL with errno set; *region, *region_bytes: the whole mapping, for munmap.
 unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region_bytes);
+// Bytes of memory the system could give this process now without swapping (MemAvailable), 0
+// where it cannot tell.
+size_t memory_available(void);
 
 #endif

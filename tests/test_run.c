@@ -928,6 +928,7 @@ static void test_loaders(void) {
     d = rc == 0 ? max_weight_diff(&m0, &m) : 1;
     check(rc == 0 && m.format == FMT_V2 && m.gs == 8 && d < 0.05, "load llama2.c v2 gs 8 (row-aligned groups)", "%s %g", err, d);
     if (rc == 0) free_model(&m);
+    check(memory_available() > 0, "memory_available: the system says how much memory it could give", "0 bytes");
     const char *each[] = {v0, v1, q8, v2};
     for (int i = 0; i < 4; i++) {   // read into memory: the same weights as mapped, in 2 MB-aligned memory of its own
         Model mapped, resident;
