@@ -71,6 +71,7 @@ unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region
         }
         got += (size_t)n;
     }
+    (void)mprotect(r, span, PROT_READ);   // read-only from here, as a mapped file is: a stray write faults
     *region = r, *region_bytes = span;
     return base;
 }
