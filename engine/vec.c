@@ -1,4 +1,5 @@
-// vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs, 16-float lanes.
+// vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs (6 with AVX-512, else
+// 4), 16-float lanes.
 //
 //   FP32 weights, M = 1        row_f32: a row at a time, one sequential stream (decode)
 //   FP32 weights, M > 1        tile_f32: each weight vector loaded once feeds T tokens' FMAs
@@ -24,7 +25,6 @@
 
 #define LANES 16
 #define ROWS VEC_TILE_ROWS
-#define TOKENS 4
 #define PREFETCH_INT8 16384   // bytes of INT8 weights rows_q8 asks for ahead of its loads
 
 typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
@@ -56,20 +56,26 @@ typedef struct {
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #define ISA v4
+#define TOKENS 6   // 24 accumulators of the 32 registers: faster prefill than 4 (bench/NOTES.md 53)
 #include "vec_kernels.h"
+#undef TOKENS
 #undef ISA
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
 #define ISA v3
+#define TOKENS 4
 #include "vec_kernels.h"
+#undef TOKENS
 #undef ISA
 #pragma GCC pop_options
 #endif
 
 #define ISA base
+#define TOKENS 4
 #include "vec_kernels.h"
+#undef TOKENS
 #undef ISA
 
 #if defined(__x86_64__)

@@ -87,10 +87,12 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
             UNROLL for (int r = 0; r < ROWS; r++) acc[r * TOKENS + t] += wv[r] * xv;
         }
     }
-    float sums[ROWS * TOKENS];
-    _Static_assert(ROWS * TOKENS == 16, "a tile's sums by hsum16");
-    if (T == TOKENS) hsum16(acc, sums);
-    else
+    float sums[ROWS * TOKENS];   // whole tiles: 16 at a time by hsum16, the rest one by one (the same bits)
+    if (T == TOKENS) {
+        int i = 0;
+        for (; i + 16 <= ROWS * TOKENS; i += 16) hsum16(acc + i, sums + i);
+        UNROLL for (; i < ROWS * TOKENS; i++) sums[i] = hsum(acc[i]);
+    } else
         UNROLL for (int r = 0; r < ROWS; r++)
             UNROLL for (int t = 0; t < T; t++) sums[r * TOKENS + t] = hsum(acc[r * TOKENS + t]);
     for (int r = 0; r < ROWS; r++)
