@@ -155,10 +155,17 @@ typedef struct {
 static void swiglu_range(void *ctx, int lo, int hi, int slot) {
     (void)slot;
     const SwigluJob *j = ctx;
-    for (int i = lo; i < hi; i++) {
-        float val = j->h[i];
-        val *= (1.0f / (1.0f + expf(-val)));
-        j->h[i] = val * j->g[i];
+    enum { CHUNK = 256 };
+    float e[CHUNK];   // expf(-h), a chunk at a time by vec_exp_sub (-h - 0 is -h: the same expf)
+    for (int c = lo; c < hi; c += CHUNK) {
+        const int n = hi - c < CHUNK ? hi - c : CHUNK;
+        for (int i = 0; i < n; i++) e[i] = -j->h[c + i];
+        vec_exp_sub(e, n, 0.0f);
+        for (int i = 0; i < n; i++) {
+            float val = j->h[c + i];
+            val *= (1.0f / (1.0f + e[i]));
+            j->h[c + i] = val * j->g[c + i];
+        }
     }
 }
 

@@ -8,17 +8,16 @@
 #include <string.h>
 
 #include "util.h"
+#include "vec.h"
 
 // x = softmax(x), in place: max subtracted, exp, normalised by the sum.
 void softmax(float *x, int n) {
     float max_val = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max_val) max_val = x[i];
+    vec_exp_sub(x, n, max_val);   // expf(x[i] - max_val), several at a time
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max_val);
-        sum += x[i];
-    }
+    for (int i = 0; i < n; i++) sum += x[i];
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 

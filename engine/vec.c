@@ -47,7 +47,27 @@ typedef struct {
     void (*matmul_slice)(const Mat *w, const float *in, int M, float *out, int accumulate, int lo, int hi, float *scratch);
     void (*scores)(const float *q, const float *keys, size_t stride, int T, int n, float *att);
     void (*weighted_sum)(float *out, const float *att, const float *values, size_t stride, int T, int n);
+    void (*exp_sub)(float *x, int n, float sub);
 } VecIsa;
+
+// exp_sub's constants (those of glibc's expf): 32 / ln 2; 1.5 * 2^52, whose addition rounds to an
+// integer in the low bits; the cubic for 2^(r/32); the exponent field from which expf leaves its
+// main path (|x| >= 88); 2^(i/32), i < 32, correctly rounded.
+#define EXP_INV_LN2_32 0x1.71547652b82fep+5
+#define EXP_SHIFT 0x1.8p+52
+#define EXP_C0 (0x1.c6af84b912394p-5 / 32 / 32 / 32)
+#define EXP_C1 (0x1.ebfce50fac4f3p-3 / 32 / 32)
+#define EXP_C2 (0x1.62e42ff0c52d6p-1 / 32)
+#define EXP_ABSTOP_88 0x42bu
+static const double exp2_32[32] = {
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0, 0x1.172b83c7d517bp+0,
+    0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0, 0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0,
+    0x1.3dea64c123422p+0, 0x1.44e086061892dp+0, 0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0,
+    0x1.6247eb03a5585p+0, 0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0, 0x1.ae89f995ad3adp+0,
+    0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0, 0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0,
+    0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define X86_CLONES 1
@@ -88,10 +108,10 @@ typedef struct {
 
 static const VecIsa isas[] = {
 #ifdef X86_CLONES
-    {"x86-64-v4 (AVX-512)", matmul_slice_v4, scores_v4, weighted_sum_v4},
-    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, scores_v3, weighted_sum_v3},
+    {"x86-64-v4 (AVX-512)", matmul_slice_v4, scores_v4, weighted_sum_v4, exp_sub_v4},
+    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, scores_v3, weighted_sum_v3, exp_sub_v3},
 #endif
-    {VEC_BASE_NAME, matmul_slice_base, scores_base, weighted_sum_base},
+    {VEC_BASE_NAME, matmul_slice_base, scores_base, weighted_sum_base, exp_sub_base},
 };
 #define N_ISAS ((int)(sizeof isas / sizeof isas[0]))
 
@@ -132,3 +152,4 @@ void vec_scores(const float *q, const float *keys, size_t stride, int T, int n, 
 void vec_weighted_sum(float *out, const float *att, const float *values, size_t stride, int T, int n) {
     isa()->weighted_sum(out, att, values, stride, T, n);
 }
+void vec_exp_sub(float *x, int n, float sub) { isa()->exp_sub(x, n, sub); }

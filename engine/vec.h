@@ -25,6 +25,10 @@ void vec_matmul_slice(const Mat *w, const float *in, int M, float *out, int accu
 void vec_scores(const float *q, const float *keys, size_t stride, int T, int n, float *att);
 // out (n) = sum over t < T, in order, of att[t] * v_t, v_t = values + t * stride.
 void vec_weighted_sum(float *out, const float *att, const float *values, size_t stride, int T, int n);
+// x[i] = expf(x[i] - sub) for i < n: with AVX2 or AVX-512 several at a time by glibc's expf's own
+// operations (the same bits as the platform's expf where that is glibc's; the tests compare), else
+// expf itself.
+void vec_exp_sub(float *x, int n, float sub);
 
 // ---- The int8 x int8 prefill (x86-64 with AVX512-VNNI): an approximation, not the reference.
 // The activations are quantized per token and block of VEC_ACT_BLOCK elements (fewer where the

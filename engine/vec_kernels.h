@@ -255,6 +255,108 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
 }
 #undef WSUM_VECS
 
+// x[i] = expf(x[i] - sub), i < n, with the operations of glibc's expf (2.27 on; its FMA variant,
+// the one glibc runs where the CPU has FMA, which every instance with vector code here has), in
+// double precision, VEXP lanes at a time: x * 32 / ln 2 = k + r, |r| <= 1/2; 2^(k/32) from the
+// table's 2^(i/32), i = k mod 32, with k / 32 added to its exponent; 2^(r/32) by a cubic. Lanes
+// outside glibc's main path (|x| >= 88 by its exponent test, infinities, NaN) take expf itself.
+// So the results are expf's bit for bit (the tests check it against the platform's expf).
+#if defined(__AVX512F__)
+#define VEXP 8
+#define vexp_d __m512d
+#define vexp_i __m512i
+#define vexp_set(v) _mm512_set1_pd(v)
+#define vexp_seti(v) _mm512_set1_epi64(v)
+#define vexp_f __m256   // VEXP floats
+#define vexp_loadf(p, sub) _mm256_sub_ps(_mm256_loadu_ps(p), _mm256_set1_ps(sub))
+#define vexp_storef(p, v) _mm256_storeu_ps(p, v)
+#define vexp_widen(v) _mm512_cvtps_pd(v)
+#define vexp_special(v) _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 20), _mm256_set1_epi32(0x7ff)), _mm256_set1_epi32(EXP_ABSTOP_88 - 1))))
+#define vexp_narrow(p, y) _mm256_storeu_ps(p, _mm512_cvtpd_ps(y))
+#define vexp_fma(a, b, c) _mm512_fmadd_pd(a, b, c)
+#define vexp_fms(a, b, c) _mm512_fmsub_pd(a, b, c)
+#define vexp_gather(idx) _mm512_i64gather_epi64(idx, (const void *)exp2_32, 8)
+#define vexp_slli(v, n) _mm512_slli_epi64(v, n)
+#define vexp_addi(a, b) _mm512_add_epi64(a, b)   // intrinsics: wrapping, where + on the vector type is signed
+#define vexp_subi(a, b) _mm512_sub_epi64(a, b)
+#define vexp_andi(a, b) _mm512_and_si512(a, b)
+#define vexp_ibits(v) _mm512_castpd_si512(v)
+#define vexp_dbits(v) _mm512_castsi512_pd(v)
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VEXP 4
+#define vexp_d __m256d
+#define vexp_i __m256i
+#define vexp_set(v) _mm256_set1_pd(v)
+#define vexp_seti(v) _mm256_set1_epi64x(v)
+#define vexp_f __m128
+#define vexp_loadf(p, sub) _mm_sub_ps(_mm_loadu_ps(p), _mm_set1_ps(sub))
+#define vexp_storef(p, v) _mm_storeu_ps(p, v)
+#define vexp_widen(v) _mm256_cvtps_pd(v)
+#define vexp_special(v) _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(_mm_and_si128(_mm_srli_epi32(_mm_castps_si128(v), 20), _mm_set1_epi32(0x7ff)), _mm_set1_epi32(EXP_ABSTOP_88 - 1))))
+#define vexp_narrow(p, y) _mm_storeu_ps(p, _mm256_cvtpd_ps(y))
+#define vexp_fma(a, b, c) _mm256_fmadd_pd(a, b, c)
+#define vexp_fms(a, b, c) _mm256_fmsub_pd(a, b, c)
+#define vexp_gather(idx) _mm256_i64gather_epi64((const long long *)exp2_32, idx, 8)
+#define vexp_slli(v, n) _mm256_slli_epi64(v, n)
+#define vexp_addi(a, b) _mm256_add_epi64(a, b)
+#define vexp_subi(a, b) _mm256_sub_epi64(a, b)
+#define vexp_andi(a, b) _mm256_and_si256(a, b)
+#define vexp_ibits(v) _mm256_castpd_si256(v)
+#define vexp_dbits(v) _mm256_castsi256_pd(v)
+#endif
+
+static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
+    int i = 0;
+#ifdef VEXP
+    const vexp_d inv_ln2_32 = vexp_set(EXP_INV_LN2_32), shift = vexp_set(EXP_SHIFT), one = vexp_set(1.0);
+    const vexp_d c0 = vexp_set(EXP_C0), c1 = vexp_set(EXP_C1), c2 = vexp_set(EXP_C2);
+    for (; i + VEXP <= n; i += VEXP) {
+        const vexp_f xf = vexp_loadf(x + i, sub);   // x - sub in float, as expf(x[i] - sub) has it
+        const int special = vexp_special(xf);       // lanes off glibc's main path
+        const vexp_d xd = vexp_widen(xf);
+        vexp_d kd = vexp_fma(inv_ln2_32, xd, shift);   // k in the low bits: z + 1.5 * 2^52 rounded
+        const vexp_i ki = vexp_ibits(kd);
+        kd = kd - shift;
+        const vexp_d r = vexp_fms(inv_ln2_32, xd, kd);
+        const vexp_i idx = vexp_andi(ki, vexp_seti(31));
+        const vexp_d s = vexp_dbits(vexp_addi(vexp_gather(idx), vexp_slli(vexp_subi(ki, idx), 47)));   // 2^(i/32) * 2^(k div 32)
+        const vexp_d z = vexp_fma(r, c0, c1), r2 = r * r;
+        vexp_d y = vexp_fma(r, c2, one);
+        y = vexp_fma(z, r2, y);
+        vexp_narrow(x + i, y * s);
+        if (special) {
+            float d[VEXP];
+            vexp_storef(d, xf);
+            for (int l = 0; l < VEXP; l++)
+                if (special >> l & 1) x[i + l] = expf(d[l]);
+        }
+    }
+#endif
+    for (; i < n; i++) x[i] = expf(x[i] - sub);
+}
+#ifdef VEXP
+#undef VEXP
+#undef vexp_d
+#undef vexp_i
+#undef vexp_set
+#undef vexp_f
+#undef vexp_loadf
+#undef vexp_storef
+#undef vexp_special
+#undef vexp_seti
+#undef vexp_widen
+#undef vexp_narrow
+#undef vexp_fma
+#undef vexp_fms
+#undef vexp_gather
+#undef vexp_slli
+#undef vexp_addi
+#undef vexp_subi
+#undef vexp_andi
+#undef vexp_ibits
+#undef vexp_dbits
+#endif
+
 #undef UNROLL
 #undef load_f32
 #undef load_i8

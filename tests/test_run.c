@@ -566,6 +566,40 @@ static void test_cpu_scores(const char *isa) {
         }
 }
 
+// vec_exp_sub against the platform's expf, bit for bit (where that is glibc's: the vector code
+// does its operations), over a stride through every float's bits (specials, denormals, the edges
+// of expf's main path included), in runs of lengths that leave a tail, with sub 0 and not.
+static void test_cpu_exp(const char *isa) {
+    char name[160];
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 27)
+    enum { RUN = 1003 };
+    static const float edges[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 88.0f, -88.0f, 0x1.62e42ep6f, 0x1.62e430p6f,
+                                  -0x1.9fe368p6f, -0x1.9fe36ap6f, -0x1.9d1d9ep6f, -0x1.9d1da0p6f, 1e-40f, -1e-40f, 87.99f, -103.5f};
+    float in[RUN], out[RUN];
+    long differ = 0, n = 0;
+    uint32_t first_bad = 0;
+    for (uint64_t b = 0; b < (1ull << 32); b += (uint64_t)RUN * 4099) {
+        for (int i = 0; i < RUN; i++) {
+            const uint32_t u = (uint32_t)(b + (uint64_t)i * 4099);
+            memcpy(&in[i], &u, 4);
+            if (i < (int)(sizeof edges / sizeof edges[0]) && b == 0) in[i] = edges[i];
+        }
+        const float sub = (b / RUN) % 3 == 0 ? 0.0f : urand_unit() * 50.0f;
+        memcpy(out, in, sizeof out);
+        vec_exp_sub(out, RUN - (int)(b % 7), sub);
+        for (int i = 0; i < RUN - (int)(b % 7); i++, n++) {
+            const float ref = expf(in[i] - sub);
+            if (!(memcmp(&ref, &out[i], 4) == 0 || (isnan(ref) && isnan(out[i]))) && differ++ == 0) memcpy(&first_bad, &in[i], 4);
+        }
+    }
+    snprintf(name, sizeof name, "cpu exp %s: %ld inputs == glibc's expf bit for bit", isa, n);
+    check(differ == 0 && n > 1000000, name, "%ld differ, the first at input bits 0x%08x", differ, first_bad);
+#else
+    snprintf(name, sizeof name, "cpu exp %s: == the platform's expf (glibc 2.27 or later only)", isa);
+    skip(name, "the C library is not glibc 2.27 or later");
+#endif
+}
+
 static void test_cpu_matmul(void) {
     static const int shapes[][3] = {   // N, K, gs (0: FP32)
         {1, 16, 16}, {7, 33, 16}, {13, 100, 32}, {33, 288, 64}, {5, 172, 64}, {9, 130, 128},
@@ -578,6 +612,7 @@ static void test_cpu_matmul(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_cpu_matmul_shape(shapes[s][0], shapes[s][1], shapes[s][2], vec_isa_name());
         test_cpu_scores(vec_isa_name());
+        test_cpu_exp(vec_isa_name());
         arena_free();
     }
     for (int i = 0; i < vec_isa_count(); i++)   // back to the best one
