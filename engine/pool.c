@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 256
-#define PARTS_PER_THREAD 1   // one contiguous slice a thread (a late thread's is claimed by the others): 4 a thread read slower (bench/NOTES.md 50)
+#define PARTS_PER_THREAD 1   // one contiguous slice a thread (a late thread's is claimed by the others): 4 a thread read slower (bench/NOTES.md 50); and a tail (part_range)
 
 // The claim word: generation (32 bits) | parts (16) | next part to hand out (16).
 #define CLAIM(gen, parts, next) ((uint64_t)(gen) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
@@ -50,6 +50,23 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+// Part p of n items in `parts`: with more parts than threads, the first pool.threads parts share
+// TAIL_FROM of the items (one contiguous slice a thread) and the rest the tail in TAIL_PARTS small
+// parts a thread, claimed by whichever thread is free first (on a shared host one core is often
+// slower for a while: bench/NOTES.md 55); else equal parts.
+#define TAIL_FROM 0.875
+#define TAIL_PARTS 4
+static void part_range(int n, int parts, int p, int *lo, int *hi) {
+    const int T = pool.threads;
+    if (parts <= T) {
+        *lo = (int)((long long)n * p / parts), *hi = (int)((long long)n * (p + 1) / parts);
+        return;
+    }
+    const int head = (int)(n * TAIL_FROM), tails = parts - T;
+    if (p < T) *lo = (int)((long long)head * p / T), *hi = (int)((long long)head * (p + 1) / T);
+    else *lo = head + (int)((long long)(n - head) * (p - T) / tails), *hi = head + (int)((long long)(n - head) * (p - T + 1) / tails);
+}
+
 // Claims and runs parts of generation gen until none is left; slot names the thread's scratch.
 static void run_parts(uint32_t gen, int slot) {
     uint64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
@@ -57,7 +74,8 @@ static void run_parts(uint32_t gen, int slot) {
         if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
             continue;   // c now holds the word as it is
         const int part = CLAIM_NEXT(c), parts = CLAIM_PARTS(c);
-        const int lo = (int)((long long)pool.n * part / parts), hi = (int)((long long)pool.n * (part + 1) / parts);
+        int lo, hi;
+        part_range(pool.n, parts, part, &lo, &hi);
         if (lo < hi) pool.fn(pool.ctx, lo, hi, slot);
         if (atomic_fetch_add_explicit(&pool.finished, 1, memory_order_acq_rel) + 1 == parts) {
             pthread_mutex_lock(&pool.lock);
@@ -137,6 +155,8 @@ static uint32_t publish(int n, int parts, void (*fn)(void *ctx, int lo, int hi, 
 void parallel_for(int n, int min_items, void (*fn)(void *ctx, int lo, int hi, int slot), void *ctx) {
     int parts = pool_threads() * PARTS_PER_THREAD;
     if (min_items > 0 && n / min_items < parts) parts = n / min_items > 1 ? n / min_items : 1;
+    else if ((n - (int)(n * TAIL_FROM)) / (pool_threads() * TAIL_PARTS) >= (min_items > 0 ? min_items : 1))
+        parts = pool_threads() * (1 + TAIL_PARTS);   // the slices, then a tail of small parts
     if (pool_threads() == 1 || parts <= 1) {
         if (n > 0) fn(ctx, 0, n, 0);
         return;
