@@ -2,7 +2,8 @@
 # CPU benchmark: code15M (14.5M parameters, dim 288, 6 layers, vocab 32000) on the CPU executor,
 # greedy, 256 positions; each row runs REPEAT times (default 5) and reports the median and the
 # range. Beside it, other engines on the same model and threads: measured in this run where they
-# are given (the machine's speed varies between sittings, so only one sitting's figures compare):
+# are given (the machine's speed varies from one series of runs to the next, so only figures of
+# one run compare):
 #   LLAMA2C=path    llama2.c's run.c built with `gcc -Ofast -fopenmp -march=native run.c -lm`;
 #                   its "achieved tok/s" over 256 steps of code15M.bin (FP32), median of REPEAT
 #   LLAMA_BENCH=path and LLAMA_GGUF=prefix   llama.cpp's llama-bench, on PREFIX.q8_0.gguf and
