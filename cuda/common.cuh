@@ -187,17 +187,20 @@ __device__ __forceinline__ void bulk_copy_counted(uint32_t dst, const void *src,
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 #endif
 }
-// The same with an L2 eviction policy (createpolicy's 64-bit descriptor: l2_evict_first).
+// The same with an L2 eviction policy (createpolicy's 64-bit descriptor: l2_policy).
 __device__ __forceinline__ void bulk_copy_counted_hint(uint32_t dst, const void *src, int bytes, uint32_t bar, uint64_t policy) {
 #if WG_SM90A
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
 #endif
 }
-__device__ __forceinline__ uint64_t l2_evict_first() {
+// A policy for all the bytes a copy reads: evict_first (first to leave L2), else evict_normal (as
+// with no hint).
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
     uint64_t policy = 0;
 #if WG_SM90A
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
 #endif
     return policy;
 }

@@ -128,15 +128,6 @@ struct MkParams {
 // loads of x have landed (4: mk_stamp_after, ordered after the value `after`), when its digits are
 // stored (5), when every consumer's tiles are done (6) and the rows finished (7).
 constexpr int kMkStamps = 8;
-__device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) {
-#ifdef MK_TRACE
-    if (threadIdx.x == 0) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] = t;
-    }
-#endif
-}
 __device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int k, float after) {
 #ifdef MK_TRACE
     if (threadIdx.x == 0) {
@@ -148,6 +139,7 @@ __device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int
     (void)p, (void)stage, (void)k, (void)after;
 #endif
 }
+__device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) { mk_stamp_after(p, stage, k, 0.0f); }
 
 __device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
@@ -316,19 +308,14 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
     MkRing at;
-    const uint64_t policy = MK_EVICT_FIRST ? l2_evict_first() : 0;
+    const uint64_t policy = l2_policy(MK_EVICT_FIRST);
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
         mbar_arrive_expect(bar, tile.weight_bytes() + tile.scale_bytes());
-        if (MK_EVICT_FIRST) {
-            bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
-            bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
-        } else {
-            bulk_copy_counted(dst, tile.weights(), tile.weight_bytes(), bar);
-            bulk_copy_counted(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar);
-        }
+        bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
+        bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
     }
 }
 
@@ -861,8 +848,10 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 }
 
 #ifdef MK_TRACE
-// After the 100th launch: per stage, over the blocks that worked in it, the mean wait, staging and
-// work times and when the stage's first block started and its last ended, from the kernel's start.
+// After the 100th launch: per stage, over the blocks that worked in it, the mean time of each
+// phase between the stamps (wait, x's first loads, its digits, the staging's barrier, the tiles,
+// the rows' finish, the count) and when the stage's first block started and its last ended, from
+// the kernel's start.
 static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     const size_t n = (size_t)m->blocks * m->p.n_stages * kMkStamps;
     unsigned long long *t = (unsigned long long *)malloc(n * 8);

@@ -453,7 +453,7 @@ static int widest_input(const Config *p) {
 int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     const Config cfg = exec_config(m, opt.context), *p = &cfg;
     int head_size = p->head_dim, kv_bytes = opt.kv_half ? 2 : 4, n_seqs = opt.n_seqs > 0 ? opt.n_seqs : 1;
-    if (gpu_probe(why)) return GPU_UNAVAILABLE;
+    if (gpu_usable(why)) return GPU_UNAVAILABLE;
     if (head_size > gpu_attention_max_head_size()) {
         snprintf(why, ERR_LEN, "head size %d is beyond the GPU attention kernel's %d", head_size, gpu_attention_max_head_size());
         return GPU_UNAVAILABLE;

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 
 #define MAX_THREADS 256
-#define PARTS_PER_THREAD 1   // one contiguous slice a thread (a late thread's is claimed by the others): 4 a thread read slower (bench/NOTES.md 50); and a tail (part_range)
 
 // The claim word: generation (32 bits) | parts (16) | next part to hand out (16).
 #define CLAIM(gen, parts, next) ((uint64_t)(gen) << 32 | (uint64_t)(parts) << 16 | (uint64_t)(next))
@@ -153,7 +152,9 @@ static uint32_t publish(int n, int parts, void (*fn)(void *ctx, int lo, int hi, 
 }
 
 void parallel_for(int n, int min_items, void (*fn)(void *ctx, int lo, int hi, int slot), void *ctx) {
-    int parts = pool_threads() * PARTS_PER_THREAD;
+    // one contiguous slice a thread (a late thread's is claimed by the others; 4 parts a thread read
+    // slower: bench/NOTES.md 50), and a tail of small parts where the job is large enough
+    int parts = pool_threads();
     if (min_items > 0 && n / min_items < parts) parts = n / min_items > 1 ? n / min_items : 1;
     else if ((n - (int)(n * TAIL_FROM)) / (pool_threads() * TAIL_PARTS) >= (min_items > 0 ? min_items : 1))
         parts = pool_threads() * (1 + TAIL_PARTS);   // the slices, then a tail of small parts
