@@ -227,8 +227,9 @@ struct MkRing {
 // t (row tile t / col_tiles, column tile t % col_tiles) is record u * mk_tiles_a_unit + t, of
 // mk_record_bytes: kMkTileBytes of weights in the MMA's fragment order, then the rows' group
 // scales (kMkRows, mk_groups_a_row(gs)). Fragment order: step j (the tile's columns 32j .. 32j +
-// 31) at j * kMkStepBytes, and in it lane 4g + c's 16 bytes: row g's 8 bytes at 8c of the step,
-// then row g + 8's (the A fragment of mk_imma as mk_tile_math loads it). Rows past the unit's and
+// 31) at j * kMkStepBytes, and in it lane 4g + c's 16 bytes as the A fragment's four registers of
+// mk_imma: row g's 4 bytes at 8c of the step, row g + 8's 4 there, row g's 4 at 8c + 4, row g + 8's
+// 4 there (one 16-byte load a step into the MMA's registers as they are). Rows past the unit's and
 // columns past the row are zeros; a partial column tile's steps past the row are not copied.
 __host__ __device__ __forceinline__ int mk_record_bytes(int gs) { return kMkTileBytes + kMkRows * mk_groups_a_row(gs) * 4; }
 __host__ __device__ __forceinline__ int mk_tiles_a_unit(const MkStage &st) {
@@ -257,7 +258,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
             const int row = p0 + lane / 4 + 8 * k;
             h[k] = row < b.prows && col < r.stride ? *reinterpret_cast<const uint2 *>(r.q(row) + col) : make_uint2(0u, 0u);
         }
-        *reinterpret_cast<uint4 *>(rec + 16 * i) = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
+        *reinterpret_cast<uint4 *>(rec + 16 * i) = make_uint4(h[0].x, h[1].x, h[0].y, h[1].y);
     }
     const int per_row = mk_groups_a_row(gs), g0 = c0 / gs, n = min(r.groups, (min(c0 + kMkCols, r.stride) + gs - 1) / gs) - g0;
     float *scales = reinterpret_cast<float *>(rec + kMkTileBytes);
@@ -435,17 +436,20 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
     return inv_rms;
 }
 
-// d += a . b: a 16 x 32 int8 tile of weights, b 32 x 8 int8 (x's digits in columns 0-2), in int32.
-__device__ __forceinline__ void mk_imma(int d[4], uint2 lo, uint2 hi, uint2 b) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(lo.x), "r"(hi.x), "r"(lo.y), "r"(hi.y), "r"(b.x), "r"(b.y));
+// d += a . b: a 16 x 32 int8 tile of weights (the A fragment's registers), b 32 x 8 int8 (x's
+// digits in columns 0-2), in int32. Not volatile: the compiler may move the shared-memory loads of
+// later steps before it.
+__device__ __forceinline__ void mk_imma(int d[4], uint4 a, uint2 b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
 // A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
 // at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
 // step's columns that x's digits share: the B fragment's bytes of digit g, g < 3, at the same 8c),
-// 16 bytes together in the slot's fragment order (MkPack).
+// 16 bytes together in the slot's fragment order (MkPack). Lanes g >= 3 load digit 0 as well: the
+// MMA's columns 3-7 are never read (mk_group_sum weighs them 0), so no lane needs a branch.
 struct MkTile {
     const unsigned char *w;   // the lane's 16 bytes of the warp's first step
     const float *scales;      // (kMkRows, mk_groups_a_row(gs)) of the slot
@@ -462,34 +466,60 @@ __device__ __forceinline__ void mk_group_sum(float acc[2], const int d[4], const
 }
 
 // This warp's kMkSpan columns of one tile (its first column c0 + kMkSpan * warp) into acc.
-// Group size 16: each step's halves (lanes c < 2 and c >= 2) are two groups, two MMAs.
+// kGroupSteps: MMA steps a group of x takes (1 for gs 32, 2 for 64, ..., kMkSteps for groups as
+// wide as the warp's columns or wider); 0: gs 16, each step's halves (lanes c < 2 and c >= 2) two
+// groups, two MMAs. A compile-time constant, so that the unrolled steps have no branches and
+// their shared-memory loads are issued in chunks ahead of the MMAs that use them.
+template <int kGroupSteps>
 __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0, int k0,
                                              int stride, int gshift) {
-    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, steps_a_group = min(kMkSteps, 1 << max(0, gshift - 5));
+    constexpr int kChunk = kMkSteps < 4 ? kMkSteps : 4;   // steps whose fragments are loaded together
+    static_assert(kMkSteps % kChunk == 0 && kMkSteps % (kGroupSteps > 0 ? kGroupSteps : 1) == 0, "whole chunks and groups");
+    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    const int8_t *digits = xs.d + (g < 3 ? g : 0) * xs.dpitch + k0 + 8 * c;
     int d[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < kMkSteps; j++) {
-        const int k = k0 + 32 * j;   // the step's first column in the row
-        const uint4 v = *reinterpret_cast<const uint4 *>(t.w + kMkStepBytes * j);
-        const uint2 lo = make_uint2(v.x, v.y), hi = make_uint2(v.z, v.w);
-        uint2 b = {0u, 0u};
-        if (g < 3) b = *reinterpret_cast<const uint2 *>(xs.d + g * xs.dpitch + k + 8 * c);
-        if (gshift == 4) {
+    for (int j0 = 0; j0 < kMkSteps; j0 += kChunk) {
+        uint4 w[kChunk];
+        uint2 b[kChunk];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const bool mine = (c >> 1) == h;
-                int e[4] = {0, 0, 0, 0};
-                mk_imma(e, lo, hi, make_uint2(mine ? b.x : 0u, mine ? b.y : 0u));
-                const int kh = k + 16 * h;
-                if (kh < stride) mk_group_sum(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
-            }
-            continue;
+        for (int i = 0; i < kChunk; i++) {
+            w[i] = *reinterpret_cast<const uint4 *>(t.w + kMkStepBytes * (j0 + i));
+            b[i] = *reinterpret_cast<const uint2 *>(digits + 32 * (j0 + i));
         }
-        const int in_group = j & (steps_a_group - 1);
-        if (in_group == 0) d[0] = d[1] = d[2] = d[3] = 0;
-        mk_imma(d, lo, hi, b);
-        const int kg = k - 32 * in_group;   // the group's first column (of the warp's, for groups wider than it)
-        if (in_group == steps_a_group - 1 && kg < stride) mk_group_sum(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
+#pragma unroll
+        for (int i = 0; i < kChunk; i++) {
+            const int j = j0 + i, k = k0 + 32 * j;   // the step's first column in the row
+            if constexpr (kGroupSteps == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const bool mine = (c >> 1) == h;
+                    int e[4] = {0, 0, 0, 0};
+                    mk_imma(e, w[i], make_uint2(mine ? b[i].x : 0u, mine ? b[i].y : 0u));
+                    const int kh = k + 16 * h;
+                    if (kh < stride) mk_group_sum(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
+                }
+            } else {
+                if (j % kGroupSteps == 0) d[0] = d[1] = d[2] = d[3] = 0;
+                mk_imma(d, w[i], b[i]);
+                const int kg = k - 32 * (kGroupSteps - 1);   // the group's first column (of the warp's, for groups wider than it)
+                if (j % kGroupSteps == kGroupSteps - 1 && kg < stride)
+                    mk_group_sum(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
+            }
+        }
+    }
+}
+
+// mk_tile_math for the stage's group size (group_steps as its kGroupSteps).
+__device__ __forceinline__ void mk_tile_math_gs(int group_steps, float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0,
+                                                int k0, int stride, int gshift) {
+    switch (group_steps) {
+    case 0: mk_tile_math<0>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 1: mk_tile_math<1>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 2: mk_tile_math<2>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 4: mk_tile_math<(4 < kMkSteps ? 4 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 8: mk_tile_math<(8 < kMkSteps ? 8 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    default: mk_tile_math<kMkSteps>(acc, t, xs, f, c0, k0, stride, gshift); break;
     }
 }
 
@@ -513,7 +543,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const bool pair = st.pair != 0;
     const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
-    const int gshift = st.a.group_shift + 4, c = lane % 4;
+    const int gshift = st.a.group_shift + 4, c = lane % 4, group_steps = gshift == 4 ? 0 : min(kMkSteps, 1 << (gshift - 5));
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
     const int stage = int(&st - p.stages);
     const float inv_rms = st.norm ? mk_stage_x<true>(p, stage, xs, red, st.a) : mk_stage_x<false>(p, stage, xs, red, st.a);
@@ -536,7 +566,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
             const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
                                  mk_groups_a_row(st.a.gs)};
-            if (k0 < st.a.stride) mk_tile_math(acc, tile, xs, f, c0, k0, st.a.stride, gshift);
+            if (k0 < st.a.stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, st.a.stride, gshift);
 #endif
             mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
         }
