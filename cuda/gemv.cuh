@@ -102,6 +102,12 @@ struct Q8Args {
     RopeStore rope;
 };
 
+// A pair turned by the angle of cosine cs and sine sn.
+__device__ __forceinline__ void rope_pair(float &v0, float &v1, float cs, float sn) {
+    const float a = v0, b = v1;
+    v0 = a * cs - b * sn;
+    v1 = a * sn + b * cs;
+}
 // Rotates the pairs (v[r], v[r + 1]), r even, of rows row0 + r at position pos by pos * freq of
 // the pair: the same operations as rope_store_kernel (and the CPU's RoPE).
 template <int R>
@@ -110,9 +116,7 @@ __device__ __forceinline__ void rope_rows(float v[R], int row0, int pos, const f
     for (int r = 0; r + 1 < R; r += 2) {
         float sn, cs;
         sincosf(pos * __ldg(freq + (row0 + r) % head_size / 2), &sn, &cs);
-        const float v0 = v[r], v1 = v[r + 1];
-        v[r] = v0 * cs - v1 * sn;
-        v[r + 1] = v0 * sn + v1 * cs;
+        rope_pair(v[r], v[r + 1], cs, sn);
     }
 }
 
@@ -127,13 +131,20 @@ __device__ __forceinline__ void add_bias(float v[R], const float *bias, int row0
 
 // The finished outputs v of rows row0 .. row0 + R - 1 (row0 even) of output j for token m, by
 // one thread: biased, RoPE'd and stored into the KV cache (the QKV launch's k and v; q to y), or
-// written to y (added to it when accumulating). Rows past N are dropped.
+// written to y (added to it when accumulating). Rows past N are dropped. With turned (R = 2):
+// turn is the pair's cosine and sine at position pos_at, computed before (the megakernel's blocks
+// keep their rows').
 template <int R>
-__device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &o, int row0, int m, float v[R]) {
+__device__ __forceinline__ void store_rows(const Q8Args &a, int j, const Q8Out &o, int row0, int m, float v[R], bool turned = false,
+                                           float2 turn = {}, int pos_at = 0) {
     if (R % 2 == 0 && a.rope.inputs) {   // row0 is even: whole RoPE pairs
-        const int pos = a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m);
+        const int pos = turned ? pos_at : a.rope.inputs[0] + (a.rope.seq_stride ? 0 : m);
         add_bias<R>(v, a.rope.bias[j], row0, o.N);
-        if (j < 2) rope_rows<R>(v, row0, pos, a.rope.freq, a.rope.head_size);
+        if (j < 2 && R == 2 && turned) {
+            rope_pair(v[0], v[1], turn.x, turn.y);
+        } else if (j < 2) {
+            rope_rows<R>(v, row0, pos, a.rope.freq, a.rope.head_size);
+        }
         if (j > 0) {
             const size_t at = m * a.rope.seq_stride + (size_t)pos * o.N + row0;
             void *cache = j == 1 ? a.rope.kc : a.rope.vc;
@@ -309,9 +320,11 @@ struct TmaBlock {            // what one block reads: rows lrow0 .. lrow0 + lrow
 };
 
 // A block's rows of output o finished from its warps' row sums (sums: (warps, b.prows)) and
-// stored: thread i of `threads` takes rows 2i and 2i + 1 (whole RoPE pairs).
+// stored: thread i of `threads` takes rows 2i and 2i + 1 (whole RoPE pairs); with turned, turn
+// holds those rows' cosine and sine at pos_at (store_rows).
 __device__ __forceinline__ void finish_block_rows(const Q8Args &a, const Q8Out &o, const TmaBlock &b, const float *sums, int warps,
-                                                  int threads, float inv_rms, bool pair) {
+                                                  int threads, float inv_rms, bool pair, bool turned = false, float2 turn = {},
+                                                  int pos_at = 0) {
     for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * threads) {
         float v[2];
 #pragma unroll
@@ -322,7 +335,7 @@ __device__ __forceinline__ void finish_block_rows(const Q8Args &a, const Q8Out &
                 for (int w = 0; w < warps; w++) s0 += sums[w * b.prows + p], s1 += pair ? sums[w * b.prows + p + 1] : 0.0f;
             v[r] = finish_output(s0, s1, inv_rms, pair);
         }
-        store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v);
+        store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v, turned && l == 2 * (int)threadIdx.x, turn, pos_at);
     }
 }
 

@@ -83,12 +83,12 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 // x staged in batches of 8 float4 a consumer thread (its loads all in flight at once; 16 were
 // slower: bench/NOTES.md 51)
 constexpr int kMkXQuads = 8;
-// Attention rows per split: at least kMkMinChunk (each consumer thread scores a row, so shorter
-// splits do not finish sooner, and more than one split costs the combine stage), at most
-// kMkMaxChunk (its scores in shared memory).
+// Attention rows per split: at least kMkMinChunk (more than one split costs the combine stage), at
+// most kMkMaxChunk (a long context spread over more blocks; the last rule wins).
 constexpr int kMkMinChunk = 512, kMkMaxChunk = 1024;
-constexpr int kMkValueFloats = kMkConsumers * 8;   // weighted_values's groups x hs <= threads x 8
-constexpr int kMkAttnFloats = kMaxHeadSize + kMkValueFloats + kMkMaxChunk;
+// An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
+// the combine step's split weights.
+constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
 enum { MK_EMBED, MK_GEMV, MK_ATTENTION, MK_COMBINE };
 
 struct MkStage {
@@ -536,9 +536,41 @@ __device__ __forceinline__ void mk_flush(float acc[2], float *sums, int rt, int 
     }
 }
 
+// RoPE's cosine and sine of this thread's rows in the block's QKV unit (MK_ROPE_EARLY, default
+// on): the schedule gives a block the same unit of every layer's QKV stage and the step one
+// position, so they are computed once a step, at its start, instead of in each layer's epilogue.
+#ifndef MK_ROPE_EARLY
+#define MK_ROPE_EARLY 1
+#endif
+struct MkTurn {
+    float2 cs_sn = {1.0f, 0.0f};
+    int j = -1, lrow0 = -1, lrows = 0, head_size = 0, pos = 0;   // the unit it is of; j = -1: none
+    const float *freq = nullptr;
+    // Whether it holds this unit's rows (2 threadIdx.x, + 1) of stage st.
+    __device__ bool of(const MkStage &st, const TmaBlock &b) const {
+        return j >= 0 && b.j == j && b.lrow0 == lrow0 && b.lrows == lrows && st.a.rope.freq == freq && st.a.rope.head_size == head_size &&
+               !st.a.rope.seq_stride;
+    }
+};
+__device__ MkTurn mk_turn(const MkParams &p, int pos) {
+    MkTurn t;
+    if (!MK_ROPE_EARLY) return t;
+    for (int s = 0; s < p.n_stages; s++) {
+        const MkStage &st = p.stages[s];
+        if (st.kind != MK_GEMV || !st.a.rope.inputs || (int)blockIdx.x >= st.units) continue;
+        const TmaBlock b = mk_unit(st, blockIdx.x);
+        if (b.j > 1) return t;   // the values: no RoPE
+        t.j = b.j, t.lrow0 = b.lrow0, t.lrows = b.lrows, t.head_size = st.a.rope.head_size, t.freq = st.a.rope.freq, t.pos = pos;
+        const int row = b.lrow0 + 2 * threadIdx.x;
+        if (2 * (int)threadIdx.x < b.lrows) sincosf(pos * __ldg(t.freq + row % t.head_size / 2), &t.cs_sn.y, &t.cs_sn.x);
+        return t;
+    }
+    return t;
+}
+
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
-                          float *red) {
+                          float *red, const MkTurn turn) {
     const MkX xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
     float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const bool pair = st.pair != 0;
@@ -573,7 +605,8 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
         mk_stamp(p, stage, 6);
-        finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair);
+        finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair,
+                          turn.of(st, b), turn.cs_sn, turn.pos);
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
@@ -587,52 +620,105 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st) {
     }
 }
 
-// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache, as
-// attention_kernel does it; with one split straight into out, else a partial into p.part.
-template <typename KV>
-__device__ void mk_attention_unit(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm,
-                                  float *red) {
-    const int hs = p.head_size, h = unit / splits, split = unit % splits;
+// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache;
+// with one split straight into out, else a partial (its largest score, the sum of exp(score -
+// that), the exp-weighted sum of value rows) into p.part for the combine stage. Warp w takes rows
+// t0 + w, + kMkConsumerWarps, ..., kRows of them at a time, all their key and value loads in
+// flight together; a lane holds the head's element pairs 2 lane + 64 i, i < kPairs (head size up
+// to 64 kPairs). Each warp keeps a running softmax of its rows, and the warps' are merged in
+// shared memory at the end: one barrier, where a thread a row with block reductions for the
+// maximum and the sum took several (bench/NOTES.md 56).
+template <typename KV, int kPairs>
+__device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm) {
+    const int hs = p.head_size, h = unit / splits, split = unit % splits, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kv_dim = p.n_kv_heads * hs, kv_off = h / (p.n_heads / p.n_kv_heads) * hs;
     const int t0 = split * chunk, t1 = min(pos + 1, t0 + chunk);
-    const KV *kc = static_cast<const KV *>(st.kc), *vc = static_cast<const KV *>(st.vc);
-    float *qs = sm, *vacc = qs + hs, *att = vacc + kMkValueFloats;
     float *my_part = p.part + ((size_t)h * splits + split) * (2 + hs);
-    for (int l = threadIdx.x; l < 2 * (t1 - t0); l += kMkConsumers)   // the value rows towards L2 while the keys are scored
-        prefetch_l2(vc + (size_t)(t0 + l / 2) * kv_dim + kv_off + l % 2 * (hs / 2));
     if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
         for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) my_part[i] = i == 0 ? -INFINITY : 0.0f;
         return;
     }
-    for (int i = threadIdx.x; i < hs; i += kMkConsumers) qs[i] = __ldcg(st.q + h * hs + i);
-    consumer_sync();
+    const KV *kc = static_cast<const KV *>(st.kc) + kv_off, *vc = static_cast<const KV *>(st.vc) + kv_off;
+    constexpr int kRows = 16 / kPairs;   // the keys' and values' registers: 64 a lane
+    float2 q[kPairs], acc[kPairs];
+#pragma unroll
+    for (int i = 0; i < kPairs; i++) {
+        const int d = 2 * lane + 64 * i;
+        q[i] = d < hs ? __ldcg(reinterpret_cast<const float2 *>(st.q + h * hs + d)) : make_float2(0.0f, 0.0f);
+        acc[i] = make_float2(0.0f, 0.0f);
+    }
     const float inv_sqrt = 1.0f / sqrtf((float)hs);
-    float mx = -INFINITY;
-    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
-        const float sc = qk_dot(qs, kc + (size_t)t * kv_dim + kv_off, hs) * inv_sqrt;
-        att[t - t0] = sc;
-        mx = fmaxf(mx, sc);
+    float m = -INFINITY, l = 0.0f;
+    for (int t = t0 + warp; t < t1; t += kMkConsumerWarps * kRows) {
+        float2 k[kRows][kPairs], v[kRows][kPairs];
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
+            const size_t row = (size_t)min(t + r * kMkConsumerWarps, t1 - 1) * kv_dim;
+#pragma unroll
+            for (int i = 0; i < kPairs; i++) {
+                const int d = 2 * lane + 64 * i;
+                k[r][i] = d < hs ? kv_load2(kc + row + d) : make_float2(0.0f, 0.0f);
+                v[r][i] = d < hs ? kv_load2(vc + row + d) : make_float2(0.0f, 0.0f);
+            }
+        }
+        float sc[kRows], mx = m;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kPairs; i++) dot += q[i].x * k[r][i].x + q[i].y * k[r][i].y;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[r] = t + r * kMkConsumerWarps < t1 ? dot * inv_sqrt : -INFINITY;
+            mx = fmaxf(mx, sc[r]);
+        }
+        const float rescale = expf(m - mx);   // 0 the first time (m = -inf)
+        l *= rescale;
+#pragma unroll
+        for (int i = 0; i < kPairs; i++) acc[i].x *= rescale, acc[i].y *= rescale;
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            const float e = expf(sc[r] - mx);
+            l += e;
+#pragma unroll
+            for (int i = 0; i < kPairs; i++) acc[i].x = fmaf(e, v[r][i].x, acc[i].x), acc[i].y = fmaf(e, v[r][i].y, acc[i].y);
+        }
+        m = mx;
     }
-    mx = block_reduce<true, kMkConsumers>(mx, red);
-    float sum = 0.0f;
-    for (int t = t0 + threadIdx.x; t < t1; t += kMkConsumers) {
-        const float e = expf(att[t - t0] - mx);
-        att[t - t0] = e;
-        sum += e;
+    float *mine = sm + warp * (2 + hs);   // (warps, 2 + hs): m, l, the weighted sum
+    if (lane == 0) mine[0] = m, mine[1] = l;
+#pragma unroll
+    for (int i = 0; i < kPairs; i++) {
+        const int d = 2 * lane + 64 * i;
+        if (d < hs) mine[2 + d] = acc[i].x, mine[3 + d] = acc[i].y;
     }
-    sum = block_reduce<false, kMkConsumers>(sum, red);   // its barriers also publish att
-    constexpr int kPer16 = 16 / sizeof(KV);
-    const int groups = hs % kPer16 == 0 ? weighted_values<KV, kPer16>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers)
-                                        : weighted_values<KV, 2>(vacc, att, vc + kv_off, kv_dim, t0, t1, hs, kMkConsumers);
     consumer_sync();
-    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
-        float total = 0.0f;
-        for (int g = 0; g < groups; g++) total += vacc[g * hs + d];
-        if (splits == 1) st.out[h * hs + d] = total / sum;
-        else my_part[2 + d] = total;
+    float top = -INFINITY;
+    for (int w = 0; w < kMkConsumerWarps; w++) top = fmaxf(top, sm[w * (2 + hs)]);
+    float weight[kMkConsumerWarps], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMkConsumerWarps; w++) {   // a warp without rows: m = -inf, weight 0
+        weight[w] = expf(sm[w * (2 + hs)] - top);
+        total += sm[w * (2 + hs) + 1] * weight[w];
     }
-    if (splits > 1 && threadIdx.x == 0) my_part[0] = mx, my_part[1] = sum;
+    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMkConsumerWarps; w++) sum += sm[w * (2 + hs) + 2 + d] * weight[w];
+        if (splits == 1) st.out[h * hs + d] = sum / total;
+        else my_part[2 + d] = sum;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = top, my_part[1] = total;
     consumer_sync();   // shared memory free for the next unit
+}
+
+// mk_attention_warps for the head size: pairs a lane as few as it takes.
+template <typename KV>
+__device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm) {
+    static_assert(kMaxHeadSize <= 256, "head sizes up to 4 pairs a lane");
+    if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, splits, chunk, pos, sm);
+    else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, splits, chunk, pos, sm);
+    else mk_attention_warps<KV, 4>(p, st, unit, splits, chunk, pos, sm);
 }
 
 // Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
@@ -676,6 +762,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads), chunk = ceil_div_dev(pos + 1, splits);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
+    const MkTurn turn = mk_turn(p, pos);
     int before = -1, before_units = 0;   // the last stage with units
     for (int s = 0; s < p.n_stages; s++) {
         const MkStage &st = p.stages[s];
@@ -684,10 +771,10 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             mk_stamp(p, s, 0);
             if (before >= 0) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
-            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red);
+            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn);
             else if (st.kind == MK_EMBED) mk_embed(p, st);
             else if (st.kind == MK_ATTENTION)
-                for (int u = blockIdx.x; u < units; u += gridDim.x) mk_attention_unit<KV>(p, st, u, splits, chunk, pos, scratch, red);
+                for (int u = blockIdx.x; u < units; u += gridDim.x) mk_attention_by_warps<KV>(p, st, u, splits, chunk, pos, scratch);
             else
                 for (int u = blockIdx.x; u < units; u += gridDim.x) mk_combine_unit(p, st, u, splits, scratch, red);
             consumer_sync();   // every thread's writes of this stage, before the count
