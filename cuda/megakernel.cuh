@@ -1,6 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46 and 49 have each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51 and 56 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -38,7 +38,7 @@
 //
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
-// MK_COLS (tile columns), MK_BLOCKS (blocks an SM); for measurement
+// MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY; for measurement
 // only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run) and
 // MK_NO_MATH (the ring streamed, nothing computed: wrong results).
 #ifndef MK_SLOTS
