@@ -370,7 +370,7 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
 
 // The digits of one float4 of x at k into xs, in units of u (its group's).
 __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u, int k) {
-    const float inv = u > 0.0f ? 1.0f / u : 0.0f;
+    const float inv = u > 0.0f ? __frcp_rn(u) : 0.0f;   // 1 / u correctly rounded, as the division
     uint32_t d[3] = {0, 0, 0};
     mk_digits(v.x, inv, 0, d), mk_digits(v.y, inv, 1, d), mk_digits(v.z, inv, 2, d), mk_digits(v.w, inv, 3, d);
 #pragma unroll
@@ -396,22 +396,32 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
         if (base == 0) mk_stamp_after(p, stage, 4, v[0].x);
+        // The largest |x| of each 16 (a lane's 4, then 4 lanes'), every quad's chain side by side
+        // (no exit from the unrolled loops: rounds past xpad, alike for every thread, are skipped
+        // by their stores only).
+        float m[kMkXQuads];
 #pragma unroll
-        for (int i = 0; i < kMkXQuads; i++) {   // the largest |x| of each 16: a lane's 4, then 4 lanes'
-            const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
+        for (int i = 0; i < kMkXQuads; i++) {
             sumsq += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
             if (norm) v[i].x *= nw[i].x, v[i].y *= nw[i].y, v[i].z *= nw[i].z, v[i].w *= nw[i].w;
-            float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            if (in_warp) {   // on to the group's lanes (a warp's k < xpad alike: xpad is whole tiles)
-                for (int o = 4; o < 1 << (gshift - 2); o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                if (k >= xs.xpad) break;
-                const float u = m / 127.0f;
+            m[i] = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
+        }
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {   // on to the group's lanes where it is a warp's or less
+            if (o > 2 && (!in_warp || o >= 1 << (gshift - 2))) break;
+#pragma unroll
+            for (int i = 0; i < kMkXQuads; i++) m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], o));
+        }
+#pragma unroll
+        for (int i = 0; i < kMkXQuads; i++) {
+            const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
+            if (k >= xs.xpad) continue;
+            if (in_warp) {
+                const float u = m[i] / 127.0f;
                 if ((lane & ((1 << (gshift - 2)) - 1)) == 0) xs.u[k >> gshift] = u;
                 mk_store_digits(xs, v[i], u, k);
-            } else if (lane % 4 == 0 && k < xs.xpad) {
-                xs.m16[k / 16] = m;
+            } else if (lane % 4 == 0) {
+                xs.m16[k / 16] = m[i];
             }
         }
         if (in_warp) continue;
