@@ -569,7 +569,7 @@ __device__ MkTurn mk_turn(const MkParams &p, int pos) {
         const MkStage &st = p.stages[s];
         if (st.kind != MK_GEMV || !st.a.rope.inputs || (int)blockIdx.x >= st.units) continue;
         const TmaBlock b = mk_unit(st, blockIdx.x);
-        if (b.j > 1) return t;   // the values: no RoPE
+        if (b.j > 1 || st.a.rope.inputs != p.inputs) return t;   // the values: no RoPE; a position other than the step's
         t.j = b.j, t.lrow0 = b.lrow0, t.lrows = b.lrows, t.head_size = st.a.rope.head_size, t.freq = st.a.rope.freq, t.pos = pos;
         const int row = b.lrow0 + 2 * threadIdx.x;
         if (2 * (int)threadIdx.x < b.lrows) sincosf(pos * __ldg(t.freq + row % t.head_size / 2), &t.cs_sn.y, &t.cs_sn.x);
