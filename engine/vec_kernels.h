@@ -9,6 +9,7 @@
 #define load_i8 ISA_NAME(load_i8)
 #define tile_f32 ISA_NAME(tile_f32)
 #define hsum16 ISA_NAME(hsum16)
+#define hsum8 ISA_NAME(hsum8)
 #define rows_q8 ISA_NAME(rows_q8)
 #define dequant_rows ISA_NAME(dequant_rows)
 #define store ISA_NAME(store)
@@ -73,6 +74,24 @@ static inline __attribute__((always_inline)) void hsum16(const f32v v[16], float
     UNROLL for (int l = 0; l < 16; l++) sums[bit_reversed[l]] = d[l];
 }
 
+// sums[i] = hsum(v[i]) for 8 vectors: hsum16's first three levels on half as many vectors, then
+// its last level within the one vector left (lanes 2i and 2i + 1): the same additions. Lane i of
+// the result holds v[order[i]]'s sum.
+static inline __attribute__((always_inline)) void hsum8(const f32v v[8], float sums[8]) {
+    f32v a[4], b[2];
+    UNROLL for (int j = 0; j < 4; j++)
+        a[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    UNROLL for (int j = 0; j < 2; j++)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    const f32v c = __builtin_shufflevector(b[0], b[1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+                   __builtin_shufflevector(b[0], b[1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    const f32x8 d = __builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15);
+    static const unsigned char order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+    UNROLL for (int l = 0; l < 8; l++) sums[order[l]] = d[l];
+}
+
 // res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).
 static inline __attribute__((always_inline)) void tile_f32(const float *const w[ROWS], const float *const x[TOKENS], int T, int K, float res[ROWS][TOKENS]) {
     f32v acc[ROWS * TOKENS];   // (row, token) at row * TOKENS + token
@@ -87,10 +106,11 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
             UNROLL for (int r = 0; r < ROWS; r++) acc[r * TOKENS + t] += wv[r] * xv;
         }
     }
-    float sums[ROWS * TOKENS];   // whole tiles: 16 at a time by hsum16, the rest one by one (the same bits)
+    float sums[ROWS * TOKENS];   // whole tiles: 16 (then 8) at a time by hsum16 (hsum8), the rest one by one (the same bits)
     if (T == TOKENS) {
         int i = 0;
         for (; i + 16 <= ROWS * TOKENS; i += 16) hsum16(acc + i, sums + i);
+        if (i + 8 <= ROWS * TOKENS) hsum8(acc + i, sums + i), i += 8;
         UNROLL for (; i < ROWS * TOKENS; i++) sums[i] = hsum(acc[i]);
     } else
         UNROLL for (int r = 0; r < ROWS; r++)
@@ -362,6 +382,7 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef load_i8
 #undef tile_f32
 #undef hsum16
+#undef hsum8
 #undef rows_q8
 #undef dequant_rows
 #undef store
