@@ -2075,9 +2075,11 @@ static void test_gpu_random_models(void) {
         if (i == 0) compare_executors("random model llama2.c v2 int8 gs4 (per-element scales)", v2, 70, 7, 0);
     }
     // head sizes 12 (FP16 cache: the attention's value sum by pairs; FP32: 3 units of 16 bytes a
-    // row, 85 groups) and 48 (stories15m's: 6 FP16 units, 42 groups, 252 of 256 threads)
-    Config odd_heads[] = {LLAMA2C_CONFIG(96, 172, 2, 8, 4, 97, 80), LLAMA2C_CONFIG(192, 172, 2, 4, 2, 97, 80)};
-    for (int i = 0; i < 2; i++) {
+    // row, 85 groups), 48 (stories15m's: 6 FP16 units, 42 groups, 252 of 256 threads), and 192 and
+    // 256, past 128 (the megakernel's attention: 3 and 4 element pairs a lane)
+    Config odd_heads[] = {LLAMA2C_CONFIG(96, 172, 2, 8, 4, 97, 80), LLAMA2C_CONFIG(192, 172, 2, 4, 2, 97, 80),
+                          LLAMA2C_CONFIG(384, 172, 2, 2, 1, 97, 80), LLAMA2C_CONFIG(256, 172, 2, 1, 1, 97, 80)};
+    for (size_t i = 0; i < sizeof odd_heads / sizeof odd_heads[0]; i++) {
         char label[96], *fp32 = tpath("h32.bin"), *q8 = tpath("h8.bin");
         random_model_files(odd_heads[i], 0, 32, 0, fp32, q8, NULL);
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
