@@ -10,6 +10,7 @@
 #define tile_f32 ISA_NAME(tile_f32)
 #define hsum16 ISA_NAME(hsum16)
 #define hsum8 ISA_NAME(hsum8)
+#define hsum_levels ISA_NAME(hsum_levels)
 #define rows_q8 ISA_NAME(rows_q8)
 #define dequant_rows ISA_NAME(dequant_rows)
 #define store ISA_NAME(store)
@@ -51,6 +52,21 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
     h2_[0] + h2_[1];                                                                                         \
 })
 
+// hsum's first three levels for n vectors (n / 8 left): each level merges two vectors' halves into
+// one (two permutes and an add).
+static inline __attribute__((always_inline)) void hsum_levels(const f32v *v, int n, f32v *out) {
+    f32v a[8], b[4];
+    UNROLL for (int j = 0; j < n / 2; j++)
+        a[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    UNROLL for (int j = 0; j < n / 4; j++)
+        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    UNROLL for (int j = 0; j < n / 8; j++)
+        out[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+                 __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+}
+
 // sums[i] = hsum(v[i]) for 16 vectors at once, by the same additions: at each level of hsum's tree
 // two vectors' halves are merged into one (two permutes and an add), so that the 16 sums take 45
 // instructions where 16 hsums take about 130 (as many as a 288-long dot product's loop, in a
@@ -58,16 +74,8 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
 // i + 8 of vectors 2j and 2j + 1 into one vector's halves; then within each half lanes i and
 // i + 4; then i and i + 2; then i and i + 1. Lane L of the last holds v[L bit-reversed]'s sum.
 static inline __attribute__((always_inline)) void hsum16(const f32v v[16], float sums[16]) {
-    f32v a[8], b[4], c[2];
-    UNROLL for (int j = 0; j < 8; j++)
-        a[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    UNROLL for (int j = 0; j < 4; j++)
-        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    UNROLL for (int j = 0; j < 2; j++)
-        c[j] = __builtin_shufflevector(b[2 * j], b[2 * j + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-               __builtin_shufflevector(b[2 * j], b[2 * j + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    f32v c[2];
+    hsum_levels(v, 16, c);
     const f32v d = __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
                    __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
     static const unsigned char bit_reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
@@ -78,15 +86,8 @@ static inline __attribute__((always_inline)) void hsum16(const f32v v[16], float
 // its last level within the one vector left (lanes 2i and 2i + 1): the same additions. Lane i of
 // the result holds v[order[i]]'s sum.
 static inline __attribute__((always_inline)) void hsum8(const f32v v[8], float sums[8]) {
-    f32v a[4], b[2];
-    UNROLL for (int j = 0; j < 4; j++)
-        a[j] = __builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(v[2 * j], v[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    UNROLL for (int j = 0; j < 2; j++)
-        b[j] = __builtin_shufflevector(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-               __builtin_shufflevector(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-    const f32v c = __builtin_shufflevector(b[0], b[1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-                   __builtin_shufflevector(b[0], b[1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    f32v c;
+    hsum_levels(v, 8, &c);
     const f32x8 d = __builtin_shufflevector(c, c, 0, 2, 4, 6, 8, 10, 12, 14) + __builtin_shufflevector(c, c, 1, 3, 5, 7, 9, 11, 13, 15);
     static const unsigned char order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
     UNROLL for (int l = 0; l < 8; l++) sums[order[l]] = d[l];
@@ -383,6 +384,7 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef tile_f32
 #undef hsum16
 #undef hsum8
+#undef hsum_levels
 #undef rows_q8
 #undef dequant_rows
 #undef store
