@@ -38,9 +38,10 @@
 //
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
-// MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY; for measurement
-// only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run) and
-// MK_NO_MATH (the ring streamed, nothing computed: wrong results).
+// MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
+// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL; for measurement only, MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run) and MK_NO_MATH (the ring
+// streamed, nothing computed: wrong results).
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -80,12 +81,23 @@ constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkStepBytes = kMkRows * 32, kMkT
 constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
 static_assert(kMkSpan % 32 == 0, "a warp's columns: whole MMA steps");
 static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all within xpad or all past it");
-// x staged in batches of 8 float4 a consumer thread (its loads all in flight at once; 16 were
-// slower: bench/NOTES.md 51)
-constexpr int kMkXQuads = 8;
-// Attention rows per split: at least kMkMinChunk (more than one split costs the combine stage), at
-// most kMkMaxChunk (a long context spread over more blocks; the last rule wins).
-constexpr int kMkMinChunk = 512, kMkMaxChunk = 1024;
+// x staged in batches of float4 a consumer thread, its loads all in flight at once: as many as x
+// needs up to MK_X_QUADS (a larger x without a norm: in one batch of MK_X_QUADS), else batches
+// of 8 (with a norm, whose weights double the registers; 16 a batch were slower: bench/NOTES.md
+// 51). MK_X_FIT 0: always batches of 8.
+#ifndef MK_X_QUADS
+#define MK_X_QUADS 12
+#endif
+#ifndef MK_X_FIT
+#define MK_X_FIT 1
+#endif
+// Attention rows per split: at least kMkMinChunk (more than one split costs the combine stage; 256
+// against 512: bench/NOTES.md 62), at most kMkMaxChunk (a long context spread over more blocks;
+// the last rule wins).
+#ifndef MK_MIN_CHUNK
+#define MK_MIN_CHUNK 256
+#endif
+constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -98,6 +110,8 @@ struct MkStage {
     Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
     int units_of[3];    // GEMV: units of each output (in order)
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
+    int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
+                        // (either way kept after), 0 not kept (mk_finish_kept)
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -120,6 +134,7 @@ struct MkParams {
     int slot_bytes;        // kMkTileBytes + the scales of kMkRows rows of the smallest group size
     int scratch_bytes;     // x staged for a linear stage (MkX), or one attention unit's floats
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
+    int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
 };
 
@@ -357,15 +372,35 @@ __device__ __forceinline__ float4 mk_load_x4(const float *x, int k, int K) {
     return v;
 }
 
+// Integers and floats converted by adds, without the conversion instructions (F2I, I2F, FRND),
+// which issue at an eighth of an add's rate (MK_NO_CVT, default on; bench/NOTES.md 62): t +
+// 1.5 * 2^23 is t rounded to the nearest integer (ties to even, as rintf) for |t| < 2^22, held in
+// the float's low bits.
+#ifndef MK_NO_CVT
+#define MK_NO_CVT 1
+#endif
+constexpr float kMkMagic = 12582912.0f;   // 1.5 * 2^23: its bits 0x4B400000
 // The three digits of v (in units of u: v * inv, |v * inv| <= 127) packed a byte each into d[3].
 __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[3]) {
     float t = v * inv;
 #pragma unroll
     for (int j = 0; j < 3; j++) {
-        const float r = rintf(t);
-        d[j] |= (uint32_t)((int)r & 0xff) << (8 * i);
-        t = (t - r) * 254.0f;
+        if (MK_NO_CVT) {
+            const float a = __fadd_rn(t, kMkMagic), r = __fsub_rn(a, kMkMagic);
+            d[j] |= (__float_as_uint(a) & 0xffu) << (8 * i);
+            t = (t - r) * 254.0f;
+        } else {
+            const float r = rintf(t);
+            d[j] |= (uint32_t)((int)r & 0xff) << (8 * i);
+            t = (t - r) * 254.0f;
+        }
     }
+}
+// An int32 sum as a float: by an add where |d| < 2^22 (kSmall), else converted.
+template <bool kSmall>
+__device__ __forceinline__ float mk_float_of(int d) {
+    if (MK_NO_CVT && kSmall) return __fsub_rn(__int_as_float(0x4B400000 + d), kMkMagic);
+    return (float)d;
 }
 
 // The digits of one float4 of x at k into xs, in units of u (its group's).
@@ -382,7 +417,7 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
 // float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
 // largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
 // with a barrier.
-template <bool norm>
+template <bool norm, int kMkXQuads>
 __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a) {
     constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
     const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
@@ -446,6 +481,17 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
     return inv_rms;
 }
 
+// mk_stage_x with a thread's float4 a batch for this x (MK_X_QUADS, MK_X_FIT).
+template <bool norm>
+__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a) {
+    const int need = ceil_div_dev(xs.xpad, 4 * kMkConsumers);
+    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, 2>(p, stage, xs, red, a);
+    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, 4>(p, stage, xs, red, a);
+    constexpr int kMost = MK_X_QUADS > 8 ? MK_X_QUADS : 8;
+    if (MK_X_FIT && !norm && need > 8 && need <= kMost) return mk_stage_x<norm, kMost>(p, stage, xs, red, a);
+    return mk_stage_x<norm, 8>(p, stage, xs, red, a);
+}
+
 // d += a . b: a 16 x 32 int8 tile of weights (the A fragment's registers), b 32 x 8 int8 (x's
 // digits in columns 0-2), in int32. Not volatile: the compiler may move the shared-memory loads of
 // later steps before it.
@@ -469,8 +515,11 @@ struct MkTile {
 // A group's int32 sums (C fragment: columns 2c, 2c + 1 of rows g, g + 8) into this lane's row sums
 // acc[0] (row g), acc[1] (row g + 8): digits 0 and 1 sit in lane c = 0, digit 2 in c = 1 (f: their
 // weights in this lane); times the rows' scales and x's u. gi: the group's place in the tile row.
+// kSmall: |d| < 2^22 (a group of 256 columns or fewer: 128 * 127 * 256 < 2^22).
+template <bool kSmall>
 __device__ __forceinline__ void mk_group_sum(float acc[2], const int d[4], const float f[2], const MkTile &t, int gi, float u, int g) {
-    const float v0 = fmaf((float)d[1], f[1], (float)d[0] * f[0]), v1 = fmaf((float)d[3], f[1], (float)d[2] * f[0]);
+    const float v0 = fmaf(mk_float_of<kSmall>(d[1]), f[1], mk_float_of<kSmall>(d[0]) * f[0]);
+    const float v1 = fmaf(mk_float_of<kSmall>(d[3]), f[1], mk_float_of<kSmall>(d[2]) * f[0]);
     acc[0] = fmaf(t.scales[g * t.per_row + gi] * u, v0, acc[0]);
     acc[1] = fmaf(t.scales[(g + 8) * t.per_row + gi] * u, v1, acc[1]);
 }
@@ -507,14 +556,14 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
                     int e[4] = {0, 0, 0, 0};
                     mk_imma(e, w[i], make_uint2(mine ? b[i].x : 0u, mine ? b[i].y : 0u));
                     const int kh = k + 16 * h;
-                    if (kh < stride) mk_group_sum(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
+                    if (kh < stride) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
                 }
             } else {
                 if (j % kGroupSteps == 0) d[0] = d[1] = d[2] = d[3] = 0;
                 mk_imma(d, w[i], b[i]);
                 const int kg = k - 32 * (kGroupSteps - 1);   // the group's first column (of the warp's, for groups wider than it)
                 if (j % kGroupSteps == kGroupSteps - 1 && kg < stride)
-                    mk_group_sum(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
+                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
             }
         }
     }
@@ -548,7 +597,8 @@ __device__ __forceinline__ void mk_flush(float acc[2], float *sums, int rt, int 
 
 // RoPE's cosine and sine of this thread's rows in the block's QKV unit (MK_ROPE_EARLY, default
 // on): the schedule gives a block the same unit of every layer's QKV stage and the step one
-// position, so they are computed once a step, at its start, instead of in each layer's epilogue.
+// position, so they are computed once a step, at its start, instead of in each layer's epilogue
+// (a unit of the values: the position alone, which the epilogue would load).
 #ifndef MK_ROPE_EARLY
 #define MK_ROPE_EARLY 1
 #endif
@@ -569,13 +619,34 @@ __device__ MkTurn mk_turn(const MkParams &p, int pos) {
         const MkStage &st = p.stages[s];
         if (st.kind != MK_GEMV || !st.a.rope.inputs || (int)blockIdx.x >= st.units) continue;
         const TmaBlock b = mk_unit(st, blockIdx.x);
-        if (b.j > 1 || st.a.rope.inputs != p.inputs) return t;   // the values: no RoPE; a position other than the step's
+        if (st.a.rope.inputs != p.inputs) return t;   // a position other than the step's
         t.j = b.j, t.lrow0 = b.lrow0, t.lrows = b.lrows, t.head_size = st.a.rope.head_size, t.freq = st.a.rope.freq, t.pos = pos;
         const int row = b.lrow0 + 2 * threadIdx.x;
-        if (2 * (int)threadIdx.x < b.lrows) sincosf(pos * __ldg(t.freq + row % t.head_size / 2), &t.cs_sn.y, &t.cs_sn.x);
+        if (b.j < 2 && 2 * (int)threadIdx.x < b.lrows) sincosf(pos * __ldg(t.freq + row % t.head_size / 2), &t.cs_sn.y, &t.cs_sn.x);
         return t;
     }
     return t;
+}
+
+// The block's rows of the residual stream, finished (as finish_block_rows with store_rows: the
+// same operations) where the schedule keeps them (MK_KEEP_RESIDUAL, default on): every stage that
+// adds to the stream gives each block the same rows (checked on the host), so a thread's pair of
+// rows is the same in each, and their values are kept in shared memory (keep: (st.a.tma_rows))
+// instead of read back from L2 in every such stage's epilogue.
+#ifndef MK_KEEP_RESIDUAL
+#define MK_KEEP_RESIDUAL 1
+#endif
+__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms) {
+    const int l = 2 * threadIdx.x;   // one pair a thread: the host keeps at most 2 kMkConsumers rows
+    float *y = st.a.out[b.j].y + b.lrow0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (l + r >= b.lrows) break;
+        float sum = 0.0f;
+        for (int w = 0; w < kMkConsumerWarps; w++) sum += sums[w * b.prows + l + r];
+        const float v = (st.keep == 1 ? __ldcg(y + l + r) : keep[l + r]) + finish_output(sum, 0.0f, inv_rms, false);
+        y[l + r] = v, keep[l + r] = v;
+    }
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
@@ -588,7 +659,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     const int gshift = st.a.group_shift + 4, c = lane % 4, group_steps = gshift == 4 ? 0 : min(kMkSteps, 1 << (gshift - 5));
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
     const int stage = int(&st - p.stages);
-    const float inv_rms = st.norm ? mk_stage_x<true>(p, stage, xs, red, st.a) : mk_stage_x<false>(p, stage, xs, red, st.a);
+    const float inv_rms = st.norm ? mk_stage_x_fit<true>(p, stage, xs, red, st.a) : mk_stage_x_fit<false>(p, stage, xs, red, st.a);
     mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
@@ -615,8 +686,11 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
         mk_stamp(p, stage, 6);
-        finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair,
-                          turn.of(st, b), turn.cs_sn, turn.pos);
+        if (st.keep)
+            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms);
+        else
+            finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
+                              turn.pos);
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
@@ -807,7 +881,7 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
-    const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * p.sums_floats, empty = full + 8 * p.slots;
+    const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
@@ -897,8 +971,38 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
     return true;
 }
 
+// Whether each block can keep its rows of the residual stream (mk_finish_kept): every linear
+// stage that adds to an output adds to the same one, in the same units, one a block at most, of
+// 2 kMkConsumers rows at most, without biases or RoPE; no other stage writes it after the first
+// such stage. Sets the stages' keep; returns the floats kept a block (0: none).
+static int mk_keep_residual(MkStage *st, int n, int blocks) {
+    const MkStage *first = NULL;
+    for (int s = 0; s < n; s++)
+        if (st[s].kind == MK_GEMV && st[s].a.accumulate) {
+            first = &st[s];
+            break;
+        }
+    if (!MK_KEEP_RESIDUAL || !first) return 0;
+    const float *y = first->a.out[0].y;
+    for (int s = 0; s < n; s++) {
+        const MkStage &t = st[s];
+        bool writes = t.kind == MK_EMBED ? t.x == y : t.kind != MK_GEMV ? t.out == y
+                                                        : t.a.out[0].y == y || t.a.out[1].y == y || t.a.out[2].y == y;
+        if (t.kind == MK_GEMV && t.a.accumulate) {
+            const bool same = !t.pair && t.a.n_out == 1 && t.a.out[0].y == y && !t.a.rope.inputs && t.units == first->units &&
+                              t.a.tma_rows == first->a.tma_rows && t.units <= blocks && t.a.tma_rows <= 2 * kMkConsumers;
+            if (!same) return 0;
+            writes = false;
+        }
+        if (writes && &t > first) return 0;
+    }
+    for (int s = 0; s < n; s++)
+        if (st[s].kind == MK_GEMV && st[s].a.accumulate) st[s].keep = &st[s] == first ? 1 : 2;
+    return round_up(first->a.tma_rows, 4);
+}
+
 static size_t mk_smem_bytes(const MkParams &p) {
-    return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * (size_t)p.sums_floats + 16 * (size_t)p.slots;
+    return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
 
 extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
@@ -936,6 +1040,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             c->kind = MK_COMBINE, c->out = m->out;
         }
     }
+    p.keep_floats = mk_keep_residual(host, count, blocks);
     p.scratch_bytes = round_up(p.scratch_bytes, 128);
     p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
     p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
