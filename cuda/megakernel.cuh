@@ -16,7 +16,9 @@
 // ever waiting for an activation: only for a free slot. The next matrix's first tiles are then in
 // flight while the current one finishes, in every block.
 // Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
-// counted all its units done in a counter in global memory (no grid-wide barrier); a block with
+// counted all its units done in a counter in global memory (no grid-wide barrier), or, where a
+// linear stage's x is all written by the stage before it (the residual stream, the SwiGLU's
+// output), until each element of x it loads carries that stage's flag (mk_flags); a block with
 // no unit in a stage goes straight on. Small work (the embedding row, attention, its combine
 // step) is spread over the blocks as units of its own stage; RMSNorm, RoPE, the KV store,
 // biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
@@ -34,14 +36,16 @@
 // Memory: activations written by other SMs during the kernel are read through L2 (ld.global.cg:
 // __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
 // the block's consumers, then one thread's release add to the stage's counter (and read after an
-// acquire load of the counter and a barrier).
+// acquire load of the counter and a barrier); a flagged element is its value and its writer's
+// flag in one 8-byte word, stored and loaded by single-copy atomic accesses at gpu scope.
 //
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
-// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL; for measurement only, MK_TRACE (per-stage
-// timestamps, printed after the 101st launch of an ungraphed run) and MK_NO_MATH (the ring
-// streamed, nothing computed: wrong results).
+// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
+// MK_FLAGGED_QUADS; for measurement only, MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run), MK_NO_MATH (the ring
+// streamed, nothing computed) and MK_NO_FINISH (no unit's rows finished), both wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -91,6 +95,15 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #ifndef MK_X_FIT
 #define MK_X_FIT 1
 #endif
+// Flagged x (MK_FLAGS, mk_flags): a thread sleeps MK_FLAG_BACKOFF ns before it loads again the
+// elements not yet there (without, 132 blocks' polls slowed the small models: bench/NOTES.md 63),
+// and holds at most MK_FLAGGED_QUADS of them a batch (twice a float4's registers each).
+#ifndef MK_FLAG_BACKOFF
+#define MK_FLAG_BACKOFF 400
+#endif
+#ifndef MK_FLAGGED_QUADS
+#define MK_FLAGGED_QUADS 4
+#endif
 // Attention rows per split: at least kMkMinChunk (more than one split costs the combine stage; 256
 // against 512: bench/NOTES.md 62), at most kMkMaxChunk (a long context spread over more blocks;
 // the last rule wins).
@@ -112,6 +125,12 @@ struct MkStage {
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
     int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
                         // (either way kept after), 0 not kept (mk_finish_kept)
+    // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as (value, flag) pairs,
+    // written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead of y (or x), with
+    // its own flag; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
+    uint2 *ll_in, *ll_out;
+    int ll_from, ll_prev;
+    int wait, count;    // whether it waits for the stage before it; whether its units are counted
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -126,7 +145,8 @@ struct MkStage {
 struct MkParams {
     const MkStage *stages;
     int n_stages;
-    unsigned *counters;    // (n_stages + 1): units done per stage, then blocks finished; zero between steps
+    unsigned *counters;    // (n_stages + 2): units done per stage, then blocks finished (zero between steps),
+                           // then the step's epoch (mk_flag)
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
@@ -372,6 +392,55 @@ __device__ __forceinline__ float4 mk_load_x4(const float *x, int k, int K) {
     return v;
 }
 
+// A value handed over with its writer's flag in one 8-byte word (single-copy atomic): a reader
+// that sees the flag it expects sees the value written with it, without a fence or a counter.
+__device__ __forceinline__ void mk_store_flagged(uint2 *at, float v, unsigned flag) {
+    const unsigned long long w = (unsigned long long)flag << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(w) : "memory");
+}
+__device__ __forceinline__ unsigned long long mk_load_flagged(const uint2 *at) {
+    unsigned long long w;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(at));
+    return w;
+}
+// The value of w once its flag is `flag`: loaded again from `at` until it is.
+__device__ __forceinline__ float mk_settle(unsigned long long w, const uint2 *at, unsigned flag) {
+    while ((unsigned)(w >> 32) != flag) w = mk_load_flagged(at);
+    return __uint_as_float((unsigned)w);
+}
+__device__ __forceinline__ bool mk_flag_is(unsigned long long w, unsigned flag) { return (unsigned)(w >> 32) == flag; }
+// Stage s's flag in the step of this epoch (p.counters[n_stages + 1], one more each step): a
+// different one for every stage of every step (until the count wraps around 2^32).
+__device__ __forceinline__ unsigned mk_flag(const MkParams &p, unsigned epoch, int s) {
+    return epoch * (unsigned)p.n_stages + (unsigned)s + 1u;
+}
+// Four flagged elements of x from k (past K: flagged zeros), loaded by mk_issue_x4 with all of a
+// batch in flight at once; those whose flags are not yet the stage's are loaded again, together
+// (mk_stage_x).
+struct MkFlagged4 {
+    unsigned long long w[4];
+};
+// Two flagged elements by one 16-byte load: each 8-byte element of a vector access is a scalar
+// access of its own (single-copy atomic), which is all a flag needs.
+__device__ __forceinline__ void mk_load_flagged2(const uint2 *at, unsigned long long &a, unsigned long long &b) {
+    asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at));
+}
+__device__ __forceinline__ MkFlagged4 mk_issue_x4(const uint2 *x, int k, int K, unsigned flag) {
+    MkFlagged4 f;
+    if (k + 4 <= K) {
+        mk_load_flagged2(x + k, f.w[0], f.w[1]);
+        mk_load_flagged2(x + k + 2, f.w[2], f.w[3]);
+        return f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) f.w[i] = k + i < K ? mk_load_flagged(x + k + i) : (unsigned long long)flag << 32;
+    return f;
+}
+__device__ __forceinline__ float4 mk_values_x4(const MkFlagged4 &f) {
+    return make_float4(__uint_as_float((unsigned)f.w[0]), __uint_as_float((unsigned)f.w[1]), __uint_as_float((unsigned)f.w[2]),
+                       __uint_as_float((unsigned)f.w[3]));
+}
+
 // Integers and floats converted by adds, without the conversion instructions (F2I, I2F, FRND),
 // which issue at an eighth of an add's rate (MK_NO_CVT, default on; bench/NOTES.md 62): t +
 // 1.5 * 2^23 is t rounded to the nearest integer (ties to even, as rintf) for |t| < 2^22, held in
@@ -417,19 +486,37 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
 // float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
 // largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
 // with a barrier.
-template <bool norm, int kMkXQuads>
-__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a) {
+template <bool norm, bool flagged, int kMkXQuads>
+__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned flag) {
     constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
     const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
     for (int base = 0; base < xs.xpad; base += kMkXBatch) {
         float4 v[kMkXQuads], nw[kMkXQuads];   // x, and the norm weights in the same round of loads
+        MkFlagged4 f[flagged ? kMkXQuads : 1];
 #pragma unroll
         for (int i = 0; i < kMkXQuads; i++) {
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
-            v[i] = mk_load_x4(a.x, k, K);
+            if (flagged) f[i] = mk_issue_x4(xf, k, K, flag);
+            else v[i] = mk_load_x4(a.x, k, K);
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
+        for (bool ready = !flagged; !ready;) {   // each round the elements not there yet, all in flight
+            ready = true;
+#pragma unroll
+            for (int i = 0; i < (flagged ? kMkXQuads : 0); i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) ready = ready && mk_flag_is(f[i].w[j], flag);
+            if (ready) break;
+            if (MK_FLAG_BACKOFF) __nanosleep(MK_FLAG_BACKOFF);
+#pragma unroll
+            for (int i = 0; i < (flagged ? kMkXQuads : 0); i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (!mk_flag_is(f[i].w[j], flag)) f[i].w[j] = mk_load_flagged(xf + base + 4 * (threadIdx.x + i * kMkConsumers) + j);
+        }
+#pragma unroll
+        for (int i = 0; i < (flagged ? kMkXQuads : 0); i++) v[i] = mk_values_x4(f[i]);
         if (base == 0) mk_stamp_after(p, stage, 4, v[0].x);
         // The largest |x| of each 16 (a lane's 4, then 4 lanes'), every quad's chain side by side
         // (no exit from the unrolled loops: rounds past xpad, alike for every thread, are skipped
@@ -482,14 +569,22 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
 }
 
 // mk_stage_x with a thread's float4 a batch for this x (MK_X_QUADS, MK_X_FIT).
-template <bool norm>
-__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a) {
+template <bool norm, bool flagged>
+__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned flag) {
     const int need = ceil_div_dev(xs.xpad, 4 * kMkConsumers);
-    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, 2>(p, stage, xs, red, a);
-    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, 4>(p, stage, xs, red, a);
+    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, flag);
+    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, flag);
     constexpr int kMost = MK_X_QUADS > 8 ? MK_X_QUADS : 8;
-    if (MK_X_FIT && !norm && need > 8 && need <= kMost) return mk_stage_x<norm, kMost>(p, stage, xs, red, a);
-    return mk_stage_x<norm, 8>(p, stage, xs, red, a);
+    if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMost) return mk_stage_x<norm, flagged, kMost>(p, stage, xs, red, a, xf, flag);
+    return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, flag);
+}
+// x of stage st: flagged (st.ll_in) or through its counter's wait, with or without a norm.
+__device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch) {
+    const unsigned flag = mk_flag(p, epoch, st.ll_from);
+    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true>(p, stage, xs, red, st.a, st.ll_in, flag)
+                                 : mk_stage_x_fit<false, true>(p, stage, xs, red, st.a, st.ll_in, flag);
+    return st.norm ? mk_stage_x_fit<true, false>(p, stage, xs, red, st.a, nullptr, 0)
+                   : mk_stage_x_fit<false, false>(p, stage, xs, red, st.a, nullptr, 0);
 }
 
 // d += a . b: a 16 x 32 int8 tile of weights (the A fragment's registers), b 32 x 8 int8 (x's
@@ -636,22 +731,41 @@ __device__ MkTurn mk_turn(const MkParams &p, int pos) {
 #ifndef MK_KEEP_RESIDUAL
 #define MK_KEEP_RESIDUAL 1
 #endif
-__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms) {
+// With st.ll_out the rows are handed over flagged (flag; the first stage's values from before
+// carry the flag prev).
+__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms, unsigned flag,
+                               unsigned prev) {
     const int l = 2 * threadIdx.x;   // one pair a thread: the host keeps at most 2 kMkConsumers rows
     float *y = st.a.out[b.j].y + b.lrow0;
+    uint2 *yf = st.ll_out + b.lrow0;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (l + r >= b.lrows) break;
         float sum = 0.0f;
         for (int w = 0; w < kMkConsumerWarps; w++) sum += sums[w * b.prows + l + r];
-        const float v = (st.keep == 1 ? __ldcg(y + l + r) : keep[l + r]) + finish_output(sum, 0.0f, inv_rms, false);
-        y[l + r] = v, keep[l + r] = v;
+        float v = st.keep == 2 ? keep[l + r] : st.ll_out ? mk_settle(mk_load_flagged(yf + l + r), yf + l + r, prev) : __ldcg(y + l + r);
+        v += finish_output(sum, 0.0f, inv_rms, false);
+        if (st.ll_out) mk_store_flagged(yf + l + r, v, flag);
+        else y[l + r] = v;
+        keep[l + r] = v;
+    }
+}
+
+// A unit's rows handed over flagged (st.ll_out; outputs without RoPE or a residual add): the same
+// operations as finish_block_rows with store_rows, a row a thread.
+__device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, unsigned flag) {
+    const bool pair = st.pair != 0;
+    for (int l = threadIdx.x; l < b.lrows; l += kMkConsumers) {
+        float s0 = 0.0f, s1 = 0.0f;
+        const int p = pair ? 2 * l : l;
+        for (int w = 0; w < kMkConsumerWarps; w++) s0 += sums[w * b.prows + p], s1 += pair ? sums[w * b.prows + p + 1] : 0.0f;
+        mk_store_flagged(st.ll_out + b.lrow0 + l, finish_output(s0, s1, inv_rms, pair), flag);
     }
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
-                          float *red, const MkTurn turn) {
+                          float *red, const MkTurn turn, unsigned epoch) {
     const MkX xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
     float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const bool pair = st.pair != 0;
@@ -659,7 +773,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     const int gshift = st.a.group_shift + 4, c = lane % 4, group_steps = gshift == 4 ? 0 : min(kMkSteps, 1 << (gshift - 5));
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
     const int stage = int(&st - p.stages);
-    const float inv_rms = st.norm ? mk_stage_x_fit<true>(p, stage, xs, red, st.a) : mk_stage_x_fit<false>(p, stage, xs, red, st.a);
+    const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
     mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
@@ -686,21 +800,30 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
         mk_stamp(p, stage, 6);
+#ifndef MK_NO_FINISH   // (a measurement build: nothing stored; only with MK_FLAGS=0, or it waits forever)
         if (st.keep)
-            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms);
+            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms, mk_flag(p, epoch, stage), mk_flag(p, epoch, st.ll_prev));
+        else if (st.ll_out)
+            mk_finish_flagged(st, b, sums, inv_rms, mk_flag(p, epoch, stage));
         else
             finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
                               turn.pos);
+#else
+        (void)pair;
+#endif
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
 }
 
-__device__ void mk_embed(const MkParams &p, const MkStage &st) {
+__device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
     const size_t row = (size_t)__ldcg(p.inputs + 1);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const int j = u * kMkConsumers + threadIdx.x;
-        if (j < st.dim) st.x[j] = st.ef ? st.ef[row * st.estride + j] : st.eq[row * st.estride + j] * st.es[row * st.egroups + j / st.egs];
+        if (j >= st.dim) continue;
+        const float v = st.ef ? st.ef[row * st.estride + j] : st.eq[row * st.estride + j] * st.es[row * st.egroups + j / st.egs];
+        if (st.ll_out) mk_store_flagged(st.ll_out + j, v, flag);
+        else st.x[j] = v;
     }
 }
 
@@ -847,22 +970,25 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
     const MkTurn turn = mk_turn(p, pos);
+    const unsigned epoch = __ldcg(p.counters + p.n_stages + 1);
     int before = -1, before_units = 0;   // the last stage with units
     for (int s = 0; s < p.n_stages; s++) {
         const MkStage &st = p.stages[s];
         const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
-            if (before >= 0) mk_wait(p, before, before_units);
+            if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
-            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn);
-            else if (st.kind == MK_EMBED) mk_embed(p, st);
+            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
+            else if (st.kind == MK_EMBED) mk_embed(p, st, mk_flag(p, epoch, s));
             else if (st.kind == MK_ATTENTION)
                 for (int u = blockIdx.x; u < units; u += gridDim.x) mk_attention_by_warps<KV>(p, st, u, splits, chunk, pos, scratch);
             else
                 for (int u = blockIdx.x; u < units; u += gridDim.x) mk_combine_unit(p, st, u, splits, scratch, red);
-            consumer_sync();   // every thread's writes of this stage, before the count
-            if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)mine);
+            if (st.count) {
+                consumer_sync();   // every thread's writes of this stage, before the count
+                if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)mine);
+            }
             mk_stamp(p, s, 3);
         }
         if (units > 0) before = s, before_units = units;
@@ -871,6 +997,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         __threadfence();
         if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
             for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
+            p.counters[p.n_stages + 1]++;   // the next step's epoch
             __threadfence();
         }
     }
@@ -897,8 +1024,11 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
 
 }  // namespace
 
+constexpr int kMkFlagBufs = 8;
 struct GpuMega {
     MkParams p;
+    uint2 *flag_bufs[kMkFlagBufs];   // the flagged copies of x handed over (mk_flags)
+    int n_flag_bufs;
     MkStage *stages;   // device copy of p.stages
     unsigned char *pack;   // the linear stages' weights in tile order (MkPack), a copy of the matrices'
     size_t pack_bytes;
@@ -1001,6 +1131,69 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
     return round_up(first->a.tma_rows, 4);
 }
 
+// Hand-overs with flags (MK_FLAGS, default on; bench/NOTES.md 63). Where a linear stage's x is
+// written whole by the stage right before it (the residual stream by the output projection, w2 or
+// the embedding; the SwiGLU's output by w1/w3), its elements go over as (value, flag) pairs: the
+// stage reads x as soon as each element is there instead of after the stage before has counted
+// (a fence, an atomic and a poll: round trips to L2 behind the weights' stream), and the stage
+// before does not count. A buffer goes over flagged only if every stage that writes it can (the
+// embedding; a linear stage without RoPE of one output or the pair; a kept residual add) and
+// writes all of it, only linear stages read it, and none before the step's first write. Each such
+// buffer gets a flagged copy (bufs, at most kMkFlagBufs); stages' wait and count are set.
+#ifndef MK_FLAGS
+#define MK_FLAGS 1
+#endif
+// Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
+static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
+    if (t.kind == MK_EMBED) return *len = t.dim, *can = true, t.x == x;
+    if (t.kind != MK_GEMV) return *len = 0, *can = false, t.out == x;
+    for (int j = 0; j < 3; j++)
+        if (t.a.out[j].y == x) {
+            *len = t.a.out[j].N;
+            *can = !t.a.rope.inputs && (t.pair || t.a.n_out == 1) && (!t.a.accumulate || t.keep);
+            return true;
+        }
+    return false;
+}
+// Whether x can go over flagged (above).
+static bool mk_flaggable(const MkStage *st, int n, const float *x, int len) {
+    bool written = false;
+    for (int s = 0; s < n; s++) {
+        const MkStage &t = st[s];
+        int wlen = 0;
+        bool can = false;
+        if (t.kind == MK_ATTENTION && (t.q == x || t.kc == x || t.vc == x)) return false;
+        if (t.kind == MK_GEMV && t.a.x == x && !written) return false;
+        if (mk_writes(t, x, &wlen, &can)) {
+            if (!can || wlen != len || (t.kind == MK_GEMV && t.a.accumulate && !written)) return false;   // adds to x: reads it
+            written = true;
+        }
+    }
+    return true;
+}
+static int mk_flags(MkStage *st, int n, uint2 **bufs) {
+    int n_bufs = 0;
+    for (int s = 0; s < n; s++) st[s].wait = st[s].count = 1;
+    for (int r = 0; MK_FLAGS && r < n && n_bufs < kMkFlagBufs; r++) {
+        const float *x = st[r].a.x;
+        if (st[r].kind != MK_GEMV || st[r].ll_in || !mk_flaggable(st, n, x, st[r].a.K)) continue;
+        uint2 *buf = NULL;
+        CUDA_CHECK(cudaMalloc(&buf, (size_t)st[r].a.K * sizeof(uint2)));
+        CUDA_CHECK(cudaMemset(buf, 0, (size_t)st[r].a.K * sizeof(uint2)));   // flag 0: no step's
+        bufs[n_bufs++] = buf;
+        for (int s = 0, last = -1; s < n; s++) {
+            int wlen = 0;
+            bool can = false;
+            if (st[s].kind == MK_GEMV && st[s].a.x == x) st[s].ll_in = buf, st[s].ll_from = last;
+            if (mk_writes(st[s], x, &wlen, &can)) st[s].ll_out = buf, st[s].ll_prev = last, last = s;
+        }
+    }
+    for (int s = 0; s < n; s++)
+        if (st[s].ll_in && st[s].ll_from == s - 1) st[s].wait = 0;
+    for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;
+    return n_bufs;
+}
+
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1063,10 +1256,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         return NULL;
     }
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
+    mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs);
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&p.counters, (count + 1) * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 1) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
@@ -1084,6 +1278,30 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 // phase between the stamps (wait, x's first loads, its digits, the staging's barrier, the tiles,
 // the rows' finish, the count) and when the stage's first block started and its last ended, from
 // the kernel's start.
+// A linear stage's spread over the blocks: each block's tiles (x staged to tiles done), when its
+// tiles were done, and the five blocks done last.
+static int mk_cmp_double(const void *a, const void *b) { return *(const double *)a < *(const double *)b ? -1 : *(const double *)a > *(const double *)b; }
+static void mk_trace_skew(const unsigned long long *t, const GpuMega *m, int s, unsigned long long t0) {
+    double dur[1024], done[1024], sorted[1024];
+    int ids[1024], nb = 0;
+    for (int b = 0; b < m->blocks && nb < 1024; b++) {
+        const unsigned long long *e = t + ((size_t)b * m->p.n_stages + s) * kMkStamps;
+        if (!e[2] || !e[6] || e[0] < t0) continue;
+        dur[nb] = (e[6] - e[2]) / 1e3, done[nb] = (e[6] - t0) / 1e3, ids[nb++] = b;
+    }
+    if (nb < 5) return;
+    memcpy(sorted, dur, nb * sizeof(double));
+    qsort(sorted, nb, sizeof(double), mk_cmp_double);
+    double lo = 1e30, hi = 0;
+    for (int i = 0; i < nb; i++) lo = fmin(lo, done[i]), hi = fmax(hi, done[i]);
+    fprintf(stderr, "skew: %3d tiles min %.2f med %.2f max %.2f | done spread %.2f | last:", s, sorted[0], sorted[nb / 2], sorted[nb - 1], hi - lo);
+    for (int k = 0; k < 5; k++) {
+        int at = 0;
+        for (int i = 1; i < nb; i++) if (done[i] > done[at]) at = i;
+        fprintf(stderr, " %d (%.2f)", ids[at], done[at] - lo), done[at] = -1.0;
+    }
+    fprintf(stderr, "\n");
+}
 static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     const size_t n = (size_t)m->blocks * m->p.n_stages * kMkStamps;
     unsigned long long *t = (unsigned long long *)malloc(n * 8);
@@ -1110,6 +1328,7 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
         if (nb)
             fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f\n", s, m->kinds[s], nb, sum[0] / nb,
                     sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last);
+        if (s < 16 && m->kinds[s] == MK_GEMV) mk_trace_skew(t, m, s, t0);
     }
     free(t);
 }
@@ -1138,6 +1357,7 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
+    for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     free(m->kinds);
     free(m);
