@@ -222,32 +222,47 @@ typedef struct {
     int layer;
 } AttentionJob;
 
-// Items lo..hi of (head, token) pairs, head-major: a prompt's later tokens attend to more rows, so
-// that token-major halves gave one thread about three times the other's work (and a head's keys
-// are read by its tokens one after another); slot's own row of scores.
+// Tokens an attention item takes: a block of a prompt's consecutive tokens (their scores and
+// weighted sums read each key and value row once for all of them: vec_scores_block), or one
+// token of a sequence each.
+static int queries_an_item(const Step *st) { return st->layout == ONE_SEQUENCE ? VEC_QUERIES : 1; }
+
+// Items lo..hi of (head, block of tokens), head-major: a prompt's later tokens attend to more rows,
+// so that token-major halves gave one thread about three times the other's work (and a head's
+// keys are read by its tokens one after another); slot's own VEC_QUERIES rows of scores.
 static void attention_heads(void *ctx, int lo, int hi, int slot) {
     const AttentionJob *j = ctx;
     Exec *e = j->e;
     const Config *p = &e->cfg;
     const int head_size = p->head_dim, q_dim = q_dim_of(p), kv_dim = kv_width_of(p), kv_mul = p->n_heads / p->n_kv_heads;
-    float *att = e->s.att + (size_t)slot * e->cfg.seq_len;
+    const int per = queries_an_item(j->st), blocks = (j->st->M + per - 1) / per, seq_len = e->cfg.seq_len;
+    float *att = e->s.att + (size_t)slot * VEC_QUERIES * seq_len;
     for (int item = lo; item < hi; item++) {
-        const int h = item / j->st->M, m = item % j->st->M, last = token_pos(j->st, m);
-        const size_t loff = cache_offset(e, j->st, j->layer, m);
-        const float *q = e->s.q + (size_t)m * q_dim + h * head_size;
-        const size_t head = loff + (size_t)(h / kv_mul) * head_size;   // of the head's row 0 in the caches
-        vec_scores(q, (const float *)e->s.key_cache + head, kv_dim, last + 1, head_size, att);
-        softmax(att, last + 1);
-        vec_weighted_sum(e->s.xb + (size_t)m * q_dim + h * head_size, att, (const float *)e->s.value_cache + head, kv_dim, last + 1,
-                         head_size);
+        const int h = item / blocks, m0 = item % blocks * per, nq = j->st->M - m0 < per ? j->st->M - m0 : per;
+        const size_t head = cache_offset(e, j->st, j->layer, m0) + (size_t)(h / kv_mul) * head_size;   // row 0's in the caches
+        const float *q = e->s.q + (size_t)m0 * q_dim + h * head_size;
+        const float *keys = (const float *)e->s.key_cache + head, *values = (const float *)e->s.value_cache + head;
+        float *out = e->s.xb + (size_t)m0 * q_dim + h * head_size;
+        int T[VEC_QUERIES];
+        for (int i = 0; i < nq; i++) T[i] = token_pos(j->st, m0 + i) + 1;
+        if (nq == 1) {
+            vec_scores(q, keys, kv_dim, T[0], head_size, att);
+            softmax(att, T[0]);
+            vec_weighted_sum(out, att, values, kv_dim, T[0], head_size);
+            continue;
+        }
+        vec_scores_block(q, q_dim, nq, keys, kv_dim, T, head_size, att, seq_len);
+        for (int i = 0; i < nq; i++) softmax(att + (size_t)i * seq_len, T[i]);
+        vec_weighted_sum_block(out, q_dim, att, seq_len, T, nq, values, kv_dim, head_size);
     }
 }
 
-// (head, token) pairs split over the pool's threads.
+// (head, block of tokens) items split over the pool's threads.
 static void cpu_attention(Exec *e, int layer, const Step *st) {
     AttentionJob j = {e, st, layer};
-    const long per_item = 2L * (token_pos(st, st->M - 1) + 1) * e->cfg.head_dim;
-    parallel_for(st->M * e->cfg.n_heads, (int)(MIN_SLICE_WORK / per_item + 1), attention_heads, &j);
+    const int per = queries_an_item(st);
+    const long per_item = 2L * per * (token_pos(st, st->M - 1) + 1) * e->cfg.head_dim;
+    parallel_for((st->M + per - 1) / per * e->cfg.n_heads, (int)(MIN_SLICE_WORK / per_item + 1), attention_heads, &j);
 }
 
 static const float *cpu_to_host(Exec *e, const float *logits, int rows) {
@@ -337,7 +352,7 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context) {
     e->kv_bytes = sizeof(float);
     e->n_seqs = n_seqs;
     alloc_state(&e->s, &e->cfg, e->kv_bytes, n_seqs, host_alloc);
-    e->s.att = xcalloc((size_t)e->cfg.seq_len * pool_threads(), sizeof(float));   // a row per thread
+    e->s.att = xcalloc((size_t)e->cfg.seq_len * VEC_QUERIES * pool_threads(), sizeof(float));   // VEC_QUERIES rows a thread
     CpuState *c = e->priv = xcalloc(1, sizeof(CpuState));
     c->tiles = xcalloc((size_t)pool_threads() * VEC_TILE_ROWS * max_cols(&e->cfg), sizeof(float));
     c->rope_freq = xcalloc((size_t)e->cfg.head_dim / 2, sizeof(float));

@@ -48,6 +48,10 @@ typedef struct {
     void (*scores)(const float *q, const float *keys, size_t stride, int T, int n, float *att);
     void (*weighted_sum)(float *out, const float *att, const float *values, size_t stride, int T, int n);
     void (*exp_sub)(float *x, int n, float sub);
+    void (*scores_block)(const float *q, size_t q_stride, int nq, const float *keys, size_t stride, const int *T, int n, float *att,
+                         size_t att_stride);
+    void (*weighted_sum_block)(float *out, size_t out_stride, const float *att, size_t att_stride, const int *T, int nq,
+                               const float *values, size_t stride, int n);
 } VecIsa;
 
 // exp_sub's constants (those of glibc's expf): 32 / ln 2; 1.5 * 2^52, whose addition rounds to an
@@ -108,10 +112,10 @@ static const double exp2_32[32] = {
 
 static const VecIsa isas[] = {
 #ifdef X86_CLONES
-    {"x86-64-v4 (AVX-512)", matmul_slice_v4, scores_v4, weighted_sum_v4, exp_sub_v4},
-    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, scores_v3, weighted_sum_v3, exp_sub_v3},
+    {"x86-64-v4 (AVX-512)", matmul_slice_v4, scores_v4, weighted_sum_v4, exp_sub_v4, scores_block_v4, weighted_sum_block_v4},
+    {"x86-64-v3 (AVX2, FMA)", matmul_slice_v3, scores_v3, weighted_sum_v3, exp_sub_v3, scores_block_v3, weighted_sum_block_v3},
 #endif
-    {VEC_BASE_NAME, matmul_slice_base, scores_base, weighted_sum_base, exp_sub_base},
+    {VEC_BASE_NAME, matmul_slice_base, scores_base, weighted_sum_base, exp_sub_base, scores_block_base, weighted_sum_block_base},
 };
 #define N_ISAS ((int)(sizeof isas / sizeof isas[0]))
 
@@ -153,3 +157,11 @@ void vec_weighted_sum(float *out, const float *att, const float *values, size_t 
     isa()->weighted_sum(out, att, values, stride, T, n);
 }
 void vec_exp_sub(float *x, int n, float sub) { isa()->exp_sub(x, n, sub); }
+void vec_scores_block(const float *q, size_t q_stride, int nq, const float *keys, size_t stride, const int *T, int n, float *att,
+                      size_t att_stride) {
+    isa()->scores_block(q, q_stride, nq, keys, stride, T, n, att, att_stride);
+}
+void vec_weighted_sum_block(float *out, size_t out_stride, const float *att, size_t att_stride, const int *T, int nq,
+                            const float *values, size_t stride, int n) {
+    isa()->weighted_sum_block(out, out_stride, att, att_stride, T, nq, values, stride, n);
+}

@@ -25,6 +25,17 @@ void vec_matmul_slice(const Mat *w, const float *in, int M, float *out, int accu
 void vec_scores(const float *q, const float *keys, size_t stride, int T, int n, float *att);
 // out (n) = sum over t < T, in order, of att[t] * v_t, v_t = values + t * stride.
 void vec_weighted_sum(float *out, const float *att, const float *values, size_t stride, int T, int n);
+// Several queries of one head at once (a prompt's consecutive tokens, at most VEC_QUERIES): for
+// i < nq, att[i * att_stride + t] = (q_i . k_t) / sqrt(n) for t < T[i], q_i = q + i * q_stride,
+// with vec_scores's arithmetic for each (the same bits), a tile of keys against the queries
+// reading each key row once for all of them (the matmul's tiles).
+#define VEC_QUERIES 6
+void vec_scores_block(const float *q, size_t q_stride, int nq, const float *keys, size_t stride, const int *T, int n, float *att,
+                      size_t att_stride);
+// out_i (out + i * out_stride) = vec_weighted_sum of att_i (att + i * att_stride) over T[i] rows, for
+// i < nq, each value row read once for all of them (the same bits).
+void vec_weighted_sum_block(float *out, size_t out_stride, const float *att, size_t att_stride, const int *T, int nq,
+                            const float *values, size_t stride, int n);
 // x[i] = expf(x[i] - sub) for i < n: with AVX2 or AVX-512 several at a time by glibc's expf's own
 // operations (the same bits as the platform's expf where that is glibc's; the tests compare), else
 // expf itself.

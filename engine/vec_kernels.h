@@ -276,6 +276,93 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
 }
 #undef WSUM_VECS
 
+// Queries i0 .. i0 + TOKENS - 1 of a block (past nq: query i0 again, computed, not stored); common:
+// the fewest rows any of them attends to.
+static inline __attribute__((always_inline)) int ISA_NAME(query_group)(const float *q, size_t q_stride, int i0, int nq, const int *T,
+                                                                      const float *x[TOKENS]) {
+    int common = T[i0];
+    for (int i = 0; i < TOKENS; i++) {
+        const int at = i0 + i < nq ? i0 + i : i0;
+        x[i] = q + (size_t)at * q_stride;
+        common = T[at] < common ? T[at] : common;
+    }
+    return common;
+}
+
+// vec_scores_block: ROWS keys x TOKENS queries a tile (tile_f32, which is dot's arithmetic for each
+// pair), then each query's keys past the tiles one at a time.
+static void ISA_NAME(scores_block)(const float *q, size_t q_stride, int nq, const float *keys, size_t stride, const int *T, int n,
+                                   float *att, size_t att_stride) {
+    const float root = sqrtf((float)n);
+    for (int i0 = 0; i0 < nq; i0 += TOKENS) {
+        const int ni = nq - i0 < TOKENS ? nq - i0 : TOKENS;
+        const float *x[TOKENS];
+        const int common = ISA_NAME(query_group)(q, q_stride, i0, nq, T, x);
+        int t0 = 0;
+        for (; t0 + ROWS <= common; t0 += ROWS) {
+            const float *w[ROWS];
+            UNROLL for (int r = 0; r < ROWS; r++) w[r] = keys + (size_t)(t0 + r) * stride;
+            float res[ROWS][TOKENS];
+            tile_f32(w, x, TOKENS, n, res);
+            for (int i = 0; i < ni; i++)
+                UNROLL for (int r = 0; r < ROWS; r++) att[(size_t)(i0 + i) * att_stride + t0 + r] = res[r][i] / root;
+        }
+        for (int i = 0; i < ni; i++)
+            for (int t = t0; t < T[i0 + i]; t++) att[(size_t)(i0 + i) * att_stride + t] = ISA_NAME(dot)(x[i], keys + (size_t)t * stride, n) / root;
+    }
+}
+
+// vec_weighted_sum_block: weighted_sum's accumulation for each query (per lane, in order of t),
+// WSB_VECS vectors of columns for all TOKENS queries at a time, so that each value row's vectors
+// are loaded once for them; rows every query attends to without a test, the rest with one.
+#if defined(__AVX512F__)
+#define WSB_VECS 4   // 24 accumulators of the 32 registers with 6 queries
+#else
+#define WSB_VECS 2
+#endif
+static void ISA_NAME(weighted_sum_block)(float *out, size_t out_stride, const float *att, size_t att_stride, const int *T, int nq,
+                                         const float *values, size_t stride, int n) {
+    for (int i0 = 0; i0 < nq; i0 += TOKENS) {
+        const int ni = nq - i0 < TOKENS ? nq - i0 : TOKENS;
+        const float *a[TOKENS];
+        int common = T[i0], most = T[i0];
+        for (int i = 0; i < TOKENS; i++) {
+            const int at = i0 + i < nq ? i0 + i : i0;
+            a[i] = att + (size_t)at * att_stride;
+            common = T[at] < common ? T[at] : common, most = T[at] > most ? T[at] : most;
+        }
+        int c0 = 0;
+        for (; c0 + LANES <= n;) {
+            const int nv = (n - c0) / LANES < WSB_VECS ? (n - c0) / LANES : WSB_VECS;
+            f32v acc[TOKENS][WSB_VECS];
+            UNROLL for (int i = 0; i < TOKENS; i++)
+                UNROLL for (int v = 0; v < WSB_VECS; v++) acc[i][v] = (f32v){0};
+            for (int t = 0; t < most; t++) {
+                const float *row = values + (size_t)t * stride + c0;
+                f32v vv[WSB_VECS];
+                UNROLL for (int v = 0; v < WSB_VECS; v++) vv[v] = v < nv ? load_f32(row + v * LANES) : (f32v){0};
+                UNROLL for (int i = 0; i < TOKENS; i++) {
+                    if (t >= common && (i >= ni || t >= T[i0 + i])) continue;
+                    const float w = a[i][t];
+                    UNROLL for (int v = 0; v < WSB_VECS; v++)
+                        if (v < nv) acc[i][v] += w * vv[v];
+                }
+            }
+            for (int i = 0; i < ni; i++)
+                UNROLL for (int v = 0; v < WSB_VECS; v++)
+                    if (v < nv) memcpy(out + (size_t)(i0 + i) * out_stride + c0 + v * LANES, &acc[i][v], sizeof acc[i][v]);
+            c0 += nv * LANES;
+        }
+        for (int i = 0; i < ni; i++)   // the columns past the last whole vector, as weighted_sum
+            for (int j = c0; j < n; j++) {
+                float s = 0.0f;
+                for (int t = 0; t < T[i0 + i]; t++) s += a[i][t] * values[(size_t)t * stride + j];
+                out[(size_t)(i0 + i) * out_stride + j] = s;
+            }
+    }
+}
+#undef WSB_VECS
+
 // x[i] = expf(x[i] - sub), i < n, with the operations of glibc's expf (2.27 on; its FMA variant,
 // the one glibc runs where the CPU has FMA, which every instance with vector code here has), in
 // double precision, VEXP lanes at a time: x * 32 / ln 2 = k + r, |r| <= 1/2; 2^(k/32) from the

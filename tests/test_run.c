@@ -566,6 +566,51 @@ static void test_cpu_scores(const char *isa) {
         }
 }
 
+// A block of queries (vec_scores_block, vec_weighted_sum_block: a prompt's tokens in the attention)
+// against each query alone through vec_scores and vec_weighted_sum (decode's path), bit for bit:
+// 1 to VEC_QUERIES queries attending to ragged row counts (T[i] = first + i, as a prompt's tokens
+// do, and one query with fewer rows than the one before), awkward n, keys and values a stride
+// apart wider than n; outputs poisoned first.
+static void test_cpu_attention_block(const char *isa) {
+    static const int ns[] = {6, 16, 20, 48, 50, 128}, firsts[] = {1, 4, 15, 17, 40};
+    char name[200];
+    const char *bad = NULL;
+    int cases = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0] && !bad; a++)
+        for (size_t b = 0; b < sizeof firsts / sizeof firsts[0] && !bad; b++)
+            for (int nq = 1; nq <= VEC_QUERIES && !bad; nq++, cases++) {
+                const int n = ns[a], stride = n + 3, rows = firsts[b] + VEC_QUERIES;
+                int T[VEC_QUERIES];
+                for (int i = 0; i < nq; i++) T[i] = firsts[b] + i;
+                if (nq > 2) T[nq - 1] = T[nq - 2] - 1 > 0 ? T[nq - 2] - 1 : 1;   // not always increasing
+                float *q = talloc((size_t)nq * n * sizeof(float)), *keys = talloc((size_t)rows * stride * sizeof(float));
+                float *values = talloc((size_t)rows * stride * sizeof(float)), *att = talloc((size_t)nq * rows * sizeof(float));
+                float *out = talloc((size_t)nq * n * sizeof(float)), *one = talloc((size_t)rows * sizeof(float)), *ref = talloc(n * sizeof(float));
+                for (int i = 0; i < nq * n; i++) q[i] = urand_unit(), out[i] = NAN;
+                for (int i = 0; i < rows * stride; i++) keys[i] = urand_unit(), values[i] = urand_unit();
+                for (int i = 0; i < nq * rows; i++) att[i] = NAN;
+                vec_scores_block(q, n, nq, keys, stride, T, n, att, rows);
+                for (int i = 0; i < nq && !bad; i++) {
+                    vec_scores(q + (size_t)i * n, keys, stride, T[i], n, one);
+                    for (int t = 0; t < T[i]; t++)
+                        if (!(att[(size_t)i * rows + t] == one[t])) bad = "scores: other bits than the query alone";
+                }
+                for (int i = 0; i < nq; i++)   // weights of a softmax's size
+                    for (int t = 0; t < T[i]; t++) att[(size_t)i * rows + t] = urand() / T[i];
+                vec_weighted_sum_block(out, n, att, rows, T, nq, values, stride, n);
+                for (int i = 0; i < nq && !bad; i++) {
+                    vec_weighted_sum(ref, att + (size_t)i * rows, values, stride, T[i], n);
+                    for (int j = 0; j < n; j++)
+                        if (!(out[(size_t)i * n + j] == ref[j])) bad = "weighted sums: other bits than the query alone";
+                }
+                if (bad) snprintf(name, sizeof name, "n %d, first %d, %d queries", n, firsts[b], nq);
+            }
+    char what[200];
+    snprintf(what, sizeof what, "cpu attention of a block of queries %s == each query alone, bit for bit (n 6 to 128, 1 to %d queries)",
+             isa, VEC_QUERIES);
+    check(!bad, what, "%s: %s (%d cases)", name, bad, cases);
+}
+
 // vec_exp_sub against the platform's expf, bit for bit (where that is glibc's: the vector code
 // does its operations), over a stride through every float's bits (specials, denormals, the edges
 // of expf's main path included), in runs of lengths that leave a tail, with sub 0 and not.
@@ -612,6 +657,7 @@ static void test_cpu_matmul(void) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             test_cpu_matmul_shape(shapes[s][0], shapes[s][1], shapes[s][2], vec_isa_name());
         test_cpu_scores(vec_isa_name());
+        test_cpu_attention_block(vec_isa_name());
         test_cpu_exp(vec_isa_name());
         arena_free();
     }
