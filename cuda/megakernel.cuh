@@ -1280,7 +1280,10 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 // the kernel's start.
 // A linear stage's spread over the blocks: each block's tiles (x staged to tiles done), when its
 // tiles were done, and the five blocks done last.
-static int mk_cmp_double(const void *a, const void *b) { return *(const double *)a < *(const double *)b ? -1 : *(const double *)a > *(const double *)b; }
+static int mk_cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 static void mk_trace_skew(const unsigned long long *t, const GpuMega *m, int s, unsigned long long t0) {
     double dur[1024], done[1024], sorted[1024];
     int ids[1024], nb = 0;
@@ -1294,7 +1297,8 @@ static void mk_trace_skew(const unsigned long long *t, const GpuMega *m, int s, 
     qsort(sorted, nb, sizeof(double), mk_cmp_double);
     double lo = 1e30, hi = 0;
     for (int i = 0; i < nb; i++) lo = fmin(lo, done[i]), hi = fmax(hi, done[i]);
-    fprintf(stderr, "skew: %3d tiles min %.2f med %.2f max %.2f | done spread %.2f | last:", s, sorted[0], sorted[nb / 2], sorted[nb - 1], hi - lo);
+    fprintf(stderr, "skew: %3d tiles min %.2f med %.2f max %.2f | done spread %.2f | last:", s, sorted[0], sorted[nb / 2], sorted[nb - 1],
+            hi - lo);
     for (int k = 0; k < 5; k++) {
         int at = 0;
         for (int i = 1; i < nb; i++) if (done[i] > done[at]) at = i;

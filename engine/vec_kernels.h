@@ -308,7 +308,8 @@ static void ISA_NAME(scores_block)(const float *q, size_t q_stride, int nq, cons
                 UNROLL for (int r = 0; r < ROWS; r++) att[(size_t)(i0 + i) * att_stride + t0 + r] = res[r][i] / root;
         }
         for (int i = 0; i < ni; i++)
-            for (int t = t0; t < T[i0 + i]; t++) att[(size_t)(i0 + i) * att_stride + t] = ISA_NAME(dot)(x[i], keys + (size_t)t * stride, n) / root;
+            for (int t = t0; t < T[i0 + i]; t++)
+                att[(size_t)(i0 + i) * att_stride + t] = ISA_NAME(dot)(x[i], keys + (size_t)t * stride, n) / root;
     }
 }
 
