@@ -1,12 +1,15 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51 and 56 have each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62 and 63 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
 //   mk_pack_kernel                  the linear stages' weights copied at load into the order and
 //                                   MMA fragment layout the ring takes them (a tile: one copy)
+//   mk_keep_residual, mk_flags      the schedule's hand-overs, set on the host: the residual
+//                                   stream's rows a block keeps; the activations that go over
+//                                   as (value, flag) words instead of through counters
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
 //
 // The weights of a step do not depend on its activations, only the arithmetic does. So each
