@@ -276,15 +276,17 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
 }
 #undef WSUM_VECS
 
-// Queries i0 .. i0 + TOKENS - 1 of a block (past nq: query i0 again, computed, not stored); common:
-// the fewest rows any of them attends to.
-static inline __attribute__((always_inline)) int ISA_NAME(query_group)(const float *q, size_t q_stride, int i0, int nq, const int *T,
-                                                                      const float *x[TOKENS]) {
+// Rows of queries i0 .. i0 + TOKENS - 1 of a block (their q, or their scores: row i at base + i *
+// stride; past nq: query i0 again, computed, not stored); returns the fewest rows any of them
+// attends to, *most the most.
+static inline __attribute__((always_inline)) int ISA_NAME(query_group)(const float *base, size_t stride, int i0, int nq, const int *T,
+                                                                      const float *x[TOKENS], int *most) {
     int common = T[i0];
+    *most = T[i0];
     for (int i = 0; i < TOKENS; i++) {
         const int at = i0 + i < nq ? i0 + i : i0;
-        x[i] = q + (size_t)at * q_stride;
-        common = T[at] < common ? T[at] : common;
+        x[i] = base + (size_t)at * stride;
+        common = T[at] < common ? T[at] : common, *most = T[at] > *most ? T[at] : *most;
     }
     return common;
 }
@@ -297,7 +299,8 @@ static void ISA_NAME(scores_block)(const float *q, size_t q_stride, int nq, cons
     for (int i0 = 0; i0 < nq; i0 += TOKENS) {
         const int ni = nq - i0 < TOKENS ? nq - i0 : TOKENS;
         const float *x[TOKENS];
-        const int common = ISA_NAME(query_group)(q, q_stride, i0, nq, T, x);
+        int most;
+        const int common = ISA_NAME(query_group)(q, q_stride, i0, nq, T, x, &most);
         int t0 = 0;
         for (; t0 + ROWS <= common; t0 += ROWS) {
             const float *w[ROWS];
@@ -326,12 +329,8 @@ static void ISA_NAME(weighted_sum_block)(float *out, size_t out_stride, const fl
     for (int i0 = 0; i0 < nq; i0 += TOKENS) {
         const int ni = nq - i0 < TOKENS ? nq - i0 : TOKENS;
         const float *a[TOKENS];
-        int common = T[i0], most = T[i0];
-        for (int i = 0; i < TOKENS; i++) {
-            const int at = i0 + i < nq ? i0 + i : i0;
-            a[i] = att + (size_t)at * att_stride;
-            common = T[at] < common ? T[at] : common, most = T[at] > most ? T[at] : most;
-        }
+        int most;
+        const int common = ISA_NAME(query_group)(att, att_stride, i0, nq, T, a, &most);
         int c0 = 0;
         for (; c0 + LANES <= n;) {
             const int nv = (n - c0) / LANES < WSB_VECS ? (n - c0) / LANES : WSB_VECS;
