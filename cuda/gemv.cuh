@@ -319,6 +319,13 @@ struct TmaBlock {            // what one block reads: rows lrow0 .. lrow0 + lrow
     int j, lrow0, lrows, prows, col_tiles, tiles;
 };
 
+// Row p's sum over the warps' partial sums (sums: (warps, prows)), warp by warp.
+__device__ __forceinline__ float warps_row_sum(const float *sums, int warps, int prows, int p) {
+    float s = 0.0f;
+    for (int w = 0; w < warps; w++) s += sums[w * prows + p];
+    return s;
+}
+
 // A block's rows of output o finished from its warps' row sums (sums: (warps, b.prows)) and
 // stored: thread i of `threads` takes rows 2i and 2i + 1 (whole RoPE pairs); with turned, turn
 // holds those rows' cosine and sine at pos_at (store_rows).
@@ -331,8 +338,10 @@ __device__ __forceinline__ void finish_block_rows(const Q8Args &a, const Q8Out &
         for (int r = 0; r < 2; r++) {
             float s0 = 0.0f, s1 = 0.0f;
             const int p = pair ? 2 * (l + r) : l + r;
-            if (l + r < b.lrows)
-                for (int w = 0; w < warps; w++) s0 += sums[w * b.prows + p], s1 += pair ? sums[w * b.prows + p + 1] : 0.0f;
+            if (l + r < b.lrows) {
+                s0 = warps_row_sum(sums, warps, b.prows, p);
+                if (pair) s1 = warps_row_sum(sums, warps, b.prows, p + 1);
+            }
             v[r] = finish_output(s0, s1, inv_rms, pair);
         }
         store_rows<2>(a, b.j, o, b.lrow0 + l, 0, v, turned && l == 2 * (int)threadIdx.x, turn, pos_at);

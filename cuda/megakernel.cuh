@@ -1,6 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62 and 63 have each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63 and 66 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -33,8 +33,8 @@
 //
 // Deadlock: every block is resident (one per SM, checked on the host), stages are worked in one
 // order by every block, and a consumer waits only on earlier stages, whose units never wait on a
-// later stage; a producer waits only on its own block's consumers, which take tiles in the order
-// the producers issued them.
+// later stage; a producer waits only on its own copies and its own block's consumers, which take
+// tiles in the order the producers issued them.
 //
 // Memory: activations written by other SMs during the kernel are read through L2 (ld.global.cg:
 // __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
@@ -46,7 +46,7 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS; for measurement only, MK_TRACE (per-stage
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U; for measurement only, MK_TRACE (per-stage
 // timestamps, printed after the 101st launch of an ungraphed run), MK_NO_MATH (the ring
 // streamed, nothing computed) and MK_NO_FINISH (no unit's rows finished), both wrong results.
 #ifndef MK_SLOTS
@@ -68,6 +68,13 @@ constexpr int kMkPipes = MK_PIPES, kMkGroupThreads = 32 * MK_GROUP_WARPS, kMkCon
 constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 32 * kMkPipes;
 #ifndef MK_BLOCKS
 #define MK_BLOCKS 1
+#endif
+// MK_IN_FLIGHT (default 1; 0: as many as the pipe's slots): a producer copies a tile only once
+// its tile MK_IN_FLIGHT before has landed. The bytes the grid has in flight are a queue in front
+// of every L2 access: halved, the hand-overs at the stage boundaries wait less behind the weights'
+// stream, which still keeps DRAM busy (bench/NOTES.md 66).
+#ifndef MK_IN_FLIGHT
+#define MK_IN_FLIGHT 1
 #endif
 // MK_EVICT_FIRST (default on; 0 for the A/B): the weights' copies marked first to leave L2, so
 // that the activations, norm weights and KV cache stay there (bench/NOTES.md 51).
@@ -351,6 +358,8 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
+        const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
+        if (MK_IN_FLIGHT > 0 && landed >= 0) mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
         mbar_arrive_expect(bar, tile.weight_bytes() + tile.scale_bytes());
         bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
@@ -406,12 +415,12 @@ __device__ __forceinline__ unsigned long long mk_load_flagged(const uint2 *at) {
     asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(at));
     return w;
 }
+__device__ __forceinline__ bool mk_flag_is(unsigned long long w, unsigned flag) { return (unsigned)(w >> 32) == flag; }
 // The value of w once its flag is `flag`: loaded again from `at` until it is.
 __device__ __forceinline__ float mk_settle(unsigned long long w, const uint2 *at, unsigned flag) {
-    while ((unsigned)(w >> 32) != flag) w = mk_load_flagged(at);
+    while (!mk_flag_is(w, flag)) w = mk_load_flagged(at);
     return __uint_as_float((unsigned)w);
 }
-__device__ __forceinline__ bool mk_flag_is(unsigned long long w, unsigned flag) { return (unsigned)(w >> 32) == flag; }
 // Stage s's flag in the step of this epoch (p.counters[n_stages + 1], one more each step): a
 // different one for every stage of every step (until the count wraps around 2^32).
 __device__ __forceinline__ unsigned mk_flag(const MkParams &p, unsigned epoch, int s) {
@@ -448,6 +457,13 @@ __device__ __forceinline__ float4 mk_values_x4(const MkFlagged4 &f) {
 // which issue at an eighth of an add's rate (MK_NO_CVT, default on; bench/NOTES.md 62): t +
 // 1.5 * 2^23 is t rounded to the nearest integer (ties to even, as rintf) for |t| < 2^22, held in
 // the float's low bits.
+// MK_FAST_U (default on; 0 for the A/B): x's group unit u = max * (1 / 127) and 1 / u by
+// rcp.approx instead of a division and a correctly rounded reciprocal, both subroutines of many
+// instructions on the boundary's path (other digits of the same x, the same bound on them:
+// bench/NOTES.md 66).
+#ifndef MK_FAST_U
+#define MK_FAST_U 1
+#endif
 #ifndef MK_NO_CVT
 #define MK_NO_CVT 1
 #endif
@@ -457,27 +473,33 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
     float t = v * inv;
 #pragma unroll
     for (int j = 0; j < 3; j++) {
+        float r;
         if (MK_NO_CVT) {
-            const float a = __fadd_rn(t, kMkMagic), r = __fsub_rn(a, kMkMagic);
+            const float a = __fadd_rn(t, kMkMagic);
+            r = __fsub_rn(a, kMkMagic);
             d[j] |= (__float_as_uint(a) & 0xffu) << (8 * i);
-            t = (t - r) * 254.0f;
         } else {
-            const float r = rintf(t);
+            r = rintf(t);
             d[j] |= (uint32_t)((int)r & 0xff) << (8 * i);
-            t = (t - r) * 254.0f;
         }
+        t = (t - r) * 254.0f;
     }
 }
 // An int32 sum as a float: by an add where |d| < 2^22 (kSmall), else converted.
 template <bool kSmall>
 __device__ __forceinline__ float mk_float_of(int d) {
-    if (MK_NO_CVT && kSmall) return __fsub_rn(__int_as_float(0x4B400000 + d), kMkMagic);
+    if (MK_NO_CVT && kSmall) return __fsub_rn(__int_as_float(__float_as_int(kMkMagic) + d), kMkMagic);
     return (float)d;
 }
 
 // The digits of one float4 of x at k into xs, in units of u (its group's).
 __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u, int k) {
+#if MK_FAST_U
+    float inv = 0.0f;   // rcp.approx: within an ulp or two of 1 / u, |v * inv| stays under 127.5
+    if (u > 0.0f) asm("rcp.approx.f32 %0, %1;" : "=f"(inv) : "f"(u));
+#else
     const float inv = u > 0.0f ? __frcp_rn(u) : 0.0f;   // 1 / u correctly rounded, as the division
+#endif
     uint32_t d[3] = {0, 0, 0};
     mk_digits(v.x, inv, 0, d), mk_digits(v.y, inv, 1, d), mk_digits(v.z, inv, 2, d), mk_digits(v.w, inv, 3, d);
 #pragma unroll
@@ -542,7 +564,7 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
             if (k >= xs.xpad) continue;
             if (in_warp) {
-                const float u = m[i] / 127.0f;
+                const float u = MK_FAST_U ? m[i] * (1.0f / 127.0f) : m[i] / 127.0f;
                 if ((lane & ((1 << (gshift - 2)) - 1)) == 0) xs.u[k >> gshift] = u;
                 mk_store_digits(xs, v[i], u, k);
             } else if (lane % 4 == 0) {
@@ -744,8 +766,7 @@ __device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (l + r >= b.lrows) break;
-        float sum = 0.0f;
-        for (int w = 0; w < kMkConsumerWarps; w++) sum += sums[w * b.prows + l + r];
+        const float sum = warps_row_sum(sums, kMkConsumerWarps, b.prows, l + r);
         float v = st.keep == 2 ? keep[l + r] : st.ll_out ? mk_settle(mk_load_flagged(yf + l + r), yf + l + r, prev) : __ldcg(y + l + r);
         v += finish_output(sum, 0.0f, inv_rms, false);
         if (st.ll_out) mk_store_flagged(yf + l + r, v, flag);
@@ -759,9 +780,9 @@ __device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float
 __device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, unsigned flag) {
     const bool pair = st.pair != 0;
     for (int l = threadIdx.x; l < b.lrows; l += kMkConsumers) {
-        float s0 = 0.0f, s1 = 0.0f;
         const int p = pair ? 2 * l : l;
-        for (int w = 0; w < kMkConsumerWarps; w++) s0 += sums[w * b.prows + p], s1 += pair ? sums[w * b.prows + p + 1] : 0.0f;
+        const float s0 = warps_row_sum(sums, kMkConsumerWarps, b.prows, p);
+        const float s1 = pair ? warps_row_sum(sums, kMkConsumerWarps, b.prows, p + 1) : 0.0f;
         mk_store_flagged(st.ll_out + b.lrow0 + l, finish_output(s0, s1, inv_rms, pair), flag);
     }
 }
