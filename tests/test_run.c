@@ -1325,33 +1325,47 @@ static double rel_l2_f(const float *a, const float *b, size_t n) {
     return sqrt(num / den);
 }
 
-// quantize <input> [flags] into a temporary Q8LM v2, then its logits against refs/logits.f32.
-static void test_import(const char *input, const char *refs, const char *flags, double tol, const char *label) {
-    char name[256], ref_txt[512], ref_bin[512];
-    snprintf(name, sizeof name, "import %s %s: cpu logits vs transformers float32", label, flags[0] ? flags : "(INT8)");
+// An import fixture: <input> quantized with [flags] into out (a Q8LM v2) and loaded, with the
+// ids and transformers' float32 logits in refs (ref.txt's input_ids; logits.f32: (n_ids, V)).
+// 0 where the fixture is missing (skipped) or anything fails (checked as name).
+typedef struct {
+    Model m;
+    int ids[64], n_ids;
+    const float *ref;
+    size_t V;
+} ImportFixture;
+static int load_import(const char *input, const char *refs, const char *flags, const char *out, const char *name, ImportFixture *f) {
+    char ref_txt[512], ref_bin[512], err[ERR_LEN];
     snprintf(ref_txt, sizeof ref_txt, "%s/ref.txt", refs);
     snprintf(ref_bin, sizeof ref_bin, "%s/logits.f32", refs);
-    if (!file_exists(input) || !file_exists(ref_bin)) return skip(name, "fixture missing");
-    char *out = tpath("import.bin"), err[ERR_LEN];
+    if (!file_exists(input) || !file_exists(ref_bin)) return skip(name, "fixture missing"), 0;
     if (sh("./quantize %s %s %s > %s 2>&1", input, out, flags, tpath("import.log"))) {
         size_t n;
         const char *log = (const char *)slurp(tpath("import.log"), &n);
-        return check(0, name, "quantize failed: %.300s", log ? log : "");
+        return check(0, name, "quantize failed: %.300s", log ? log : ""), 0;
     }
-    Model m;
-    if (load_model(out, &m, err)) return check(0, name, "%s", err);
-    int ids[64], n_ids = ref_ints(ref_txt, "input_ids", ids, 64);
-    size_t ref_bytes;
-    const float *ref = (const float *)slurp(ref_bin, &ref_bytes);
-    const size_t V = (size_t)m.cfg.vocab_size;
-    if (n_ids < 1 || !ref || ref_bytes != (size_t)n_ids * V * sizeof(float)) {
-        free_model(&m);
-        return check(0, name, "reference unreadable or of another size (%d ids, %zu bytes, vocab %zu)", n_ids, ref_bytes, V);
+    if (load_model(out, &f->m, err)) return check(0, name, "%s", err), 0;
+    f->n_ids = ref_ints(ref_txt, "input_ids", f->ids, 64);
+    size_t ref_bytes = 0;
+    f->ref = (const float *)slurp(ref_bin, &ref_bytes);
+    f->V = (size_t)f->m.cfg.vocab_size;
+    if (f->n_ids < 1 || !f->ref || ref_bytes != (size_t)f->n_ids * f->V * sizeof(float)) {
+        free_model(&f->m);
+        return check(0, name, "reference unreadable or of another size (%d ids, %zu bytes, vocab %zu)", f->n_ids, ref_bytes, f->V), 0;
     }
-    const float *got = cpu_logits_of(&m, ids, n_ids);
-    const double err_l2 = rel_l2_f(got, ref, (size_t)n_ids * V);
+    return 1;
+}
+
+// quantize <input> [flags] into a temporary Q8LM v2, then its logits against refs/logits.f32.
+static void test_import(const char *input, const char *refs, const char *flags, double tol, const char *label) {
+    char name[256];
+    snprintf(name, sizeof name, "import %s %s: cpu logits vs transformers float32", label, flags[0] ? flags : "(INT8)");
+    ImportFixture f;
+    if (!load_import(input, refs, flags, tpath("import.bin"), name, &f)) return;
+    const float *got = cpu_logits_of(&f.m, f.ids, f.n_ids);
+    const double err_l2 = rel_l2_f(got, f.ref, (size_t)f.n_ids * f.V);
     check(err_l2 <= tol, name, "relative L2 %.3e > %.1e", err_l2, tol);
-    free_model(&m);
+    free_model(&f.m);
 }
 
 // Whether ids[0..n) holds want[0..m) at offset at.
@@ -2289,23 +2303,11 @@ static float *gpu_logits_of(const Model *m, GpuOptions opt, const int *ids, int 
 // Then every GPU option against the CPU on the same file, on random tokens (compare_executors).
 static void test_gpu_import(const char *input, const char *refs, const char *flags, const double tol[2], const char *label) {
     const char *kind = flags[0] ? flags : "(INT8)";
-    char name[300], ref_txt[512], ref_bin[512], err[ERR_LEN];
+    char name[300], err[ERR_LEN];
     snprintf(name, sizeof name, "gpu import %s %s", label, kind);
-    snprintf(ref_txt, sizeof ref_txt, "%s/ref.txt", refs);
-    snprintf(ref_bin, sizeof ref_bin, "%s/logits.f32", refs);
-    if (!file_exists(input) || !file_exists(ref_bin)) return skip(name, "fixture missing");
     char *out = tpath("gpu_import.bin");
-    if (sh("./quantize %s %s %s > /dev/null 2>&1", input, out, flags)) return check(0, name, "quantize failed");
-    Model m;
-    if (load_model(out, &m, err)) return check(0, name, "%s", err);
-    int ids[64], n_ids = ref_ints(ref_txt, "input_ids", ids, 64);
-    size_t ref_bytes;
-    const float *ref = (const float *)slurp(ref_bin, &ref_bytes);
-    const size_t V = (size_t)m.cfg.vocab_size;
-    if (n_ids < 1 || !ref || ref_bytes != (size_t)n_ids * V * sizeof(float)) {
-        free_model(&m);
-        return check(0, name, "reference unreadable or of another size (%d ids, %zu bytes, vocab %zu)", n_ids, ref_bytes, V);
-    }
+    ImportFixture f;
+    if (!load_import(input, refs, flags, out, name, &f)) return;
     const GpuRun runs[2] = {
         {"FP32 KV cache", GPU_RUN(.use_graph = 1, .pdl = 1), tol[0], -1, 0, 0},
         {"defaults: FP16 KV cache, tensor-core prefill", GPU_DEFAULTS, tol[1], -1, 0, 0},
@@ -2313,16 +2315,16 @@ static void test_gpu_import(const char *input, const char *refs, const char *fla
     for (int r = 0; r < 2; r++) {
         snprintf(name, sizeof name, "gpu import %s %s (%s): logits vs transformers float32 (relative L2 < %.0e)", label, kind,
                  runs[r].how, runs[r].tol);
-        const float *got = gpu_logits_of(&m, runs[r].opt, ids, n_ids, err);
+        const float *got = gpu_logits_of(&f.m, runs[r].opt, f.ids, f.n_ids, err);
         if (!got) {
             check(0, name, "gpu_exec_init: %s", err);
             continue;
         }
-        const double e = rel_l2_f(got, ref, (size_t)n_ids * V);
+        const double e = rel_l2_f(got, f.ref, (size_t)f.n_ids * f.V);
         check(e < runs[r].tol, name, "relative L2 %.3e", e);
         printf("     (relative L2 %.2e)\n", e);
     }
-    free_model(&m);
+    free_model(&f.m);
     snprintf(name, sizeof name, "import %s %s", label, kind);
     compare_executors(name, out, 40, 7, 0);
 }
