@@ -77,22 +77,21 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed
 ./run "$out/code15M_q64.bin" -n 2 -t 0 --device cpu $targs 2>&1 >/dev/null | grep -o 'device cpu.*' | head -1
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)'), repeats ${REPEAT:-5}"
 nt=${THREADS:-$(nproc)}
-# One run of llama2.c (its "achieved tok/s"), and of llama-bench (type, its arguments: its figure)
+# One run of llama2.c (its "achieved tok/s"), and llama-bench's figure (type, its arguments)
 one_llama2c() {
     OMP_NUM_THREADS=$nt "$LLAMA2C" "$model" -n 256 -t 0 -z tokenizer.bin 2>&1 | awk '/achieved tok\/s/ { print $NF }'
 }
 one_llamacpp() {
     t=$1; shift
-    "$LLAMA_BENCH" -m "$LLAMA_GGUF.$t.gguf" "$@" -r 1 -t "$nt" -o csv 2>/dev/null | tail -1 | awk -F, '{ gsub(/"/, ""); print $(NF - 1) }'
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF.$t.gguf" "$@" -t "$nt" -o csv 2>/dev/null | tail -1 | awk -F, '{ gsub(/"/, ""); print $(NF - 1) }'
 }
 [ -n "${LLAMA2C:-}" ] && l2c=one_llama2c || l2c=
-[ -n "${LLAMA_BENCH:-}" ] && lcpp="one_llamacpp q8_0" || lcpp=
+[ -n "${LLAMA_BENCH:-}" ] && lcpp="one_llamacpp q8_0 -r 1" || lcpp=
 # llama-bench's mean for one type and test, or the recorded anchor
 llamacpp() {   # type, anchor, llama-bench arguments
     t=$1 anchor=$2; shift 2
     [ -n "${LLAMA_BENCH:-}" ] || { echo "llama.cpp $t (2026-12-01): $anchor"; return; }
-    "$LLAMA_BENCH" -m "$LLAMA_GGUF.$t.gguf" "$@" -t "$nt" -o csv 2>/dev/null | tail -1 |
-        awk -F, -v t="$t" '{ gsub(/"/, ""); printf "llama.cpp %s, this run: %.1f", t, $(NF - 1) }'
+    printf "llama.cpp %s, this run: %.1f" "$t" "$(one_llamacpp "$t" "$@")"
 }
 # the ceiling: the model file read by nt threads (an FP32 decode step reads about all of it)
 [ -x bench/cpu_read ] && bench/cpu_read "$model" "$nt" 20 | awk -v bytes="$(wc -c < "$model")" '{ print "memory: " $0
