@@ -1125,6 +1125,19 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
     return true;
 }
 
+// Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
+static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
+    if (t.kind == MK_EMBED) return *len = t.dim, *can = true, t.x == x;
+    if (t.kind != MK_GEMV) return *len = 0, *can = false, t.out == x;
+    for (int j = 0; j < 3; j++)
+        if (t.a.out[j].y == x) {
+            *len = t.a.out[j].N;
+            *can = !t.a.rope.inputs && (t.pair || t.a.n_out == 1) && (!t.a.accumulate || t.keep);
+            return true;
+        }
+    return false;
+}
+
 // Whether each block can keep its rows of the residual stream (mk_finish_kept): every linear
 // stage that adds to an output adds to the same one, in the same units, one a block at most, of
 // 2 kMkConsumers rows at most, without biases or RoPE; no other stage writes it after the first
@@ -1140,8 +1153,9 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
     const float *y = first->a.out[0].y;
     for (int s = 0; s < n; s++) {
         const MkStage &t = st[s];
-        bool writes = t.kind == MK_EMBED ? t.x == y : t.kind != MK_GEMV ? t.out == y
-                                                        : t.a.out[0].y == y || t.a.out[1].y == y || t.a.out[2].y == y;
+        int len = 0;
+        bool can = false;
+        bool writes = mk_writes(t, y, &len, &can);
         if (t.kind == MK_GEMV && t.a.accumulate) {
             const bool same = !t.pair && t.a.n_out == 1 && t.a.out[0].y == y && !t.a.rope.inputs && t.units == first->units &&
                               t.a.tma_rows == first->a.tma_rows && t.units <= blocks && t.a.tma_rows <= 2 * kMkConsumers;
@@ -1167,18 +1181,6 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 #ifndef MK_FLAGS
 #define MK_FLAGS 1
 #endif
-// Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
-static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
-    if (t.kind == MK_EMBED) return *len = t.dim, *can = true, t.x == x;
-    if (t.kind != MK_GEMV) return *len = 0, *can = false, t.out == x;
-    for (int j = 0; j < 3; j++)
-        if (t.a.out[j].y == x) {
-            *len = t.a.out[j].N;
-            *can = !t.a.rope.inputs && (t.pair || t.a.n_out == 1) && (!t.a.accumulate || t.keep);
-            return true;
-        }
-    return false;
-}
 // Whether x can go over flagged (above).
 static bool mk_flaggable(const MkStage *st, int n, const float *x, int len) {
     bool written = false;
