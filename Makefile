@@ -122,6 +122,9 @@ test: all tests/test_run $(READER_TESTS)
 
 bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o $(CUDA_SRC) cuda/testing.h engine/dispatch.h
 	$(NVCC) $(NVFLAGS) -Icuda -o $@ bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o -lcublas
+# A standalone measurement of KV-cache read patterns (bench/NOTES.md 70)
+bench/kv_read_probe: bench/kv_read_probe.cu
+	$(NVCC) $(NVFLAGS) -o $@ bench/kv_read_probe.cu
 # bench/tune.sh: run built again with other values of the kernels' tuning constants (-DQ8_...)
 tune-variant: obj/run.o $(ENGINE_OBJ)
 	@mkdir -p $(TUNE_DIR)
