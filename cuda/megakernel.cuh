@@ -1153,16 +1153,15 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
     const float *y = first->a.out[0].y;
     for (int s = 0; s < n; s++) {
         const MkStage &t = st[s];
-        int len = 0;
-        bool can = false;
-        bool writes = mk_writes(t, y, &len, &can);
         if (t.kind == MK_GEMV && t.a.accumulate) {
             const bool same = !t.pair && t.a.n_out == 1 && t.a.out[0].y == y && !t.a.rope.inputs && t.units == first->units &&
                               t.a.tma_rows == first->a.tma_rows && t.units <= blocks && t.a.tma_rows <= 2 * kMkConsumers;
             if (!same) return 0;
-            writes = false;
+            continue;
         }
-        if (writes && &t > first) return 0;
+        int len = 0;
+        bool can = false;
+        if (mk_writes(t, y, &len, &can) && &t > first) return 0;
     }
     for (int s = 0; s < n; s++)
         if (st[s].kind == MK_GEMV && st[s].a.accumulate) st[s].keep = &st[s] == first ? 1 : 2;
