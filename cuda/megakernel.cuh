@@ -1,6 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63 and 66 have each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69 and 71 have each design step and where the
+// time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
