@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69 and 71 have each design step and where the
-// time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71 and 72 have each design step and where
+// the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -47,9 +47,10 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U; for measurement only, MK_TRACE (per-stage
-// timestamps, printed after the 101st launch of an ungraphed run), MK_NO_MATH (the ring
-// streamed, nothing computed) and MK_NO_FINISH (no unit's rows finished), both wrong results.
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE; for measurement
+// only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run),
+// MK_NO_MATH (the ring streamed, nothing computed) and MK_NO_FINISH (no unit's rows finished),
+// both wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -622,6 +623,14 @@ __device__ __forceinline__ void mk_imma(int d[4], uint4 a, uint2 b) {
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b.x), "r"(b.y));
 }
 
+// MK_GROUP_SELECT (default on; 0 for the A/B): a group past the row's end is summed like the
+// others, weighed 0 by its u, instead of skipped by a branch: the branch's reconvergence points
+// split the unrolled steps, so that a group's MMAs and its sum no longer overlap the next group's
+// loads and MMAs (bench/NOTES.md 71, 72). The sum adds exactly 0: x's digits there are zeros.
+#ifndef MK_GROUP_SELECT
+#define MK_GROUP_SELECT 1
+#endif
+
 // A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
 // at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
 // step's columns that x's digits share: the B fragment's bytes of digit g, g < 3, at the same 8c),
@@ -677,14 +686,18 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
                     int e[4] = {0, 0, 0, 0};
                     mk_imma(e, w[i], make_uint2(mine ? b[i].x : 0u, mine ? b[i].y : 0u));
                     const int kh = k + 16 * h;
-                    if (kh < stride) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
+                    if (MK_GROUP_SELECT) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), kh < stride ? xs.u[kh >> 4] : 0.0f, g);
+                    else if (kh < stride) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
                 }
             } else {
                 if (j % kGroupSteps == 0) d[0] = d[1] = d[2] = d[3] = 0;
                 mk_imma(d, w[i], b[i]);
                 const int kg = k - 32 * (kGroupSteps - 1);   // the group's first column (of the warp's, for groups wider than it)
-                if (j % kGroupSteps == kGroupSteps - 1 && kg < stride)
-                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), xs.u[kg >> gshift], g);
+                const int gi = (kg >> gshift) - (c0 >> gshift);
+                if (j % kGroupSteps == kGroupSteps - 1 && MK_GROUP_SELECT)
+                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, gi, kg < stride ? xs.u[kg >> gshift] : 0.0f, g);
+                else if (j % kGroupSteps == kGroupSteps - 1 && kg < stride)
+                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, gi, xs.u[kg >> gshift], g);
             }
         }
     }
@@ -798,6 +811,9 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     const int gshift = st.a.group_shift + 4, c = lane % 4, group_steps = gshift == 4 ? 0 : min(kMkSteps, 1 << (gshift - 5));
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
     const int stage = int(&st - p.stages);
+    // held in registers: the stage's fields are in global memory, which each barrier wait below
+    // would otherwise load again
+    const int stride = st.a.stride, per_row = mk_groups_a_row(st.a.gs), slots = p.slots, slot_bytes = p.slot_bytes;
     const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
     mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
@@ -806,19 +822,19 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         consumer_sync();
         float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
-        for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(p.slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
+        for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
             if (rt != cur) {
                 if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
             }
-            const unsigned char *slot = smem + at.slot * p.slot_bytes;
+            const unsigned char *slot = smem + at.slot * slot_bytes;
             mbar_wait(full + 8 * at.slot, at.round & 1);
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
             const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
-                                 mk_groups_a_row(st.a.gs)};
-            if (k0 < st.a.stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, st.a.stride, gshift);
+                                 per_row};
+            if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
 #endif
             mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
         }
@@ -852,6 +868,31 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
     }
 }
 
+// The warps' running softmaxes of an attention unit (sm: (warps, 2 + head size): m, l, the
+// weighted sum; a warp without rows: m = -inf, l = 0) merged into out (one split) or the unit's
+// partial. Starts and ends with a barrier.
+__device__ void mk_attention_merge(const MkParams &p, const MkStage &st, int h, int splits, const float *sm, float *my_part) {
+    const int hs = p.head_size;
+    consumer_sync();
+    float top = -INFINITY;
+    for (int w = 0; w < kMkConsumerWarps; w++) top = fmaxf(top, sm[w * (2 + hs)]);
+    float weight[kMkConsumerWarps], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMkConsumerWarps; w++) {   // a warp without rows: m = -inf, weight 0
+        weight[w] = expf(sm[w * (2 + hs)] - top);
+        total += sm[w * (2 + hs) + 1] * weight[w];
+    }
+    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMkConsumerWarps; w++) sum += sm[w * (2 + hs) + 2 + d] * weight[w];
+        if (splits == 1) st.out[h * hs + d] = sum / total;
+        else my_part[2 + d] = sum;
+    }
+    if (splits > 1 && threadIdx.x == 0) my_part[0] = top, my_part[1] = total;
+    consumer_sync();   // shared memory free for the next unit
+}
+
 // Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache;
 // with one split straight into out, else a partial (its largest score, the sum of exp(score -
 // that), the exp-weighted sum of value rows) into p.part for the combine stage. Warp w takes rows
@@ -860,17 +901,30 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
 // to 64 kPairs). Each warp keeps a running softmax of its rows, and the warps' are merged in
 // shared memory at the end: one barrier, where a thread a row with block reductions for the
 // maximum and the sum took several (bench/NOTES.md 56).
+// An attention unit's head h, its rows [t0, t1) and where its partial goes; a unit past the last
+// row writes an empty partial (weight 0 in the combine) and has no rows.
+struct MkAttnUnit {
+    int h, t0, t1, kv_dim, kv_off;
+    float *part;
+};
+__device__ MkAttnUnit mk_attn_unit(const MkParams &p, int unit, int splits, int chunk, int pos) {
+    const int hs = p.head_size, split = unit % splits;
+    MkAttnUnit a;
+    a.h = unit / splits, a.t0 = split * chunk, a.t1 = min(pos + 1, a.t0 + chunk);
+    a.kv_dim = p.n_kv_heads * hs, a.kv_off = a.h / (p.n_heads / p.n_kv_heads) * hs;
+    a.part = p.part + ((size_t)a.h * splits + split) * (2 + hs);
+    if (a.t0 >= a.t1)
+        for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) a.part[i] = i == 0 ? -INFINITY : 0.0f;
+    return a;
+}
+
 template <typename KV, int kPairs>
 __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm) {
-    const int hs = p.head_size, h = unit / splits, split = unit % splits, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int kv_dim = p.n_kv_heads * hs, kv_off = h / (p.n_heads / p.n_kv_heads) * hs;
-    const int t0 = split * chunk, t1 = min(pos + 1, t0 + chunk);
-    float *my_part = p.part + ((size_t)h * splits + split) * (2 + hs);
-    if (t0 >= t1) {   // past the last row: an empty partial (weight 0 in the combine)
-        for (int i = threadIdx.x; i < 2 + hs; i += kMkConsumers) my_part[i] = i == 0 ? -INFINITY : 0.0f;
-        return;
-    }
-    const KV *kc = static_cast<const KV *>(st.kc) + kv_off, *vc = static_cast<const KV *>(st.vc) + kv_off;
+    const int hs = p.head_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const MkAttnUnit au = mk_attn_unit(p, unit, splits, chunk, pos);
+    const int h = au.h, t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
+    if (t0 >= t1) return;
+    const KV *kc = static_cast<const KV *>(st.kc) + au.kv_off, *vc = static_cast<const KV *>(st.vc) + au.kv_off;
     constexpr int kRows = 16 / kPairs;   // the keys' and values' registers: 64 a lane
     float2 q[kPairs], acc[kPairs];
 #pragma unroll
@@ -924,30 +978,106 @@ __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int uni
         const int d = 2 * lane + 64 * i;
         if (d < hs) mine[2 + d] = acc[i].x, mine[3 + d] = acc[i].y;
     }
-    consumer_sync();
-    float top = -INFINITY;
-    for (int w = 0; w < kMkConsumerWarps; w++) top = fmaxf(top, sm[w * (2 + hs)]);
-    float weight[kMkConsumerWarps], total = 0.0f;
+    mk_attention_merge(p, st, h, splits, sm, au.part);
+}
+
+// An attention unit as mk_attention_warps, over an FP16 cache of head size kHs (32, 64, 128 or
+// 256) by 16-byte loads (MK_ATTN_WIDE, default on): kLanes lanes a row, 8 elements each, so that
+// a warp loads kRowsAt rows at once and kBatch of those of the keys and of the values are in
+// flight together (pairs a lane, 4-byte loads, read the cache slower: bench/NOTES.md 70, 72). Each
+// group of kLanes lanes keeps a running softmax of its rows; the warp's groups are merged by
+// shuffles, then the warps' in shared memory.
+#ifndef MK_ATTN_WIDE
+#define MK_ATTN_WIDE 1
+#endif
+template <int kHs>
+__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm) {
+    constexpr int kLanes = kHs / 8, kRowsAt = 32 / kLanes, kBatch = 8, kStep = kRowsAt * kBatch;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int sub = lane / kLanes, d0 = lane % kLanes * 8;   // the lane's row in each kRowsAt, its 8 elements
+    const MkAttnUnit au = mk_attn_unit(p, unit, splits, chunk, pos);
+    const int h = au.h, t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
+    if (t0 >= t1) return;
+    const __half *kc = static_cast<const __half *>(st.kc) + au.kv_off + d0, *vc = static_cast<const __half *>(st.vc) + au.kv_off + d0;
+    float q[8], acc[8];
+    const float4 *q4 = reinterpret_cast<const float4 *>(st.q + h * kHs + d0);
+    const float4 qa = __ldcg(q4), qb = __ldcg(q4 + 1);
+    q[0] = qa.x, q[1] = qa.y, q[2] = qa.z, q[3] = qa.w, q[4] = qb.x, q[5] = qb.y, q[6] = qb.z, q[7] = qb.w;
 #pragma unroll
-    for (int w = 0; w < kMkConsumerWarps; w++) {   // a warp without rows: m = -inf, weight 0
-        weight[w] = expf(sm[w * (2 + hs)] - top);
-        total += sm[w * (2 + hs) + 1] * weight[w];
-    }
-    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
-        float sum = 0.0f;
+    for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+    const float inv_sqrt = 1.0f / sqrtf((float)kHs);
+    float m = -INFINITY, l = 0.0f;
+    for (int t = t0 + warp * kStep; t < t1; t += kMkConsumerWarps * kStep) {
+        uint4 k[kBatch], v[kBatch];
 #pragma unroll
-        for (int w = 0; w < kMkConsumerWarps; w++) sum += sm[w * (2 + hs) + 2 + d] * weight[w];
-        if (splits == 1) st.out[h * hs + d] = sum / total;
-        else my_part[2 + d] = sum;
+        for (int r = 0; r < kBatch; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
+            const size_t row = (size_t)min(t + r * kRowsAt + sub, t1 - 1) * kv_dim;
+            k[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row));
+            v[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
+        }
+        float sc[kBatch], mx = m;
+#pragma unroll
+        for (int r = 0; r < kBatch; r++) {
+            const __half2 *kh = reinterpret_cast<const __half2 *>(&k[r]);
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 e = __half22float2(kh[j]);
+                dot += q[2 * j] * e.x + q[2 * j + 1] * e.y;
+            }
+#pragma unroll
+            for (int o = kLanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            sc[r] = t + r * kRowsAt + sub < t1 ? dot * inv_sqrt : -INFINITY;
+            mx = fmaxf(mx, sc[r]);
+        }
+        const float base = mx == -INFINITY ? 0.0f : mx;   // a group with no row yet: every weight 0, no NaN
+        const float rescale = expf(m - base);
+        l *= rescale;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] *= rescale;
+#pragma unroll
+        for (int r = 0; r < kBatch; r++) {
+            const float e = expf(sc[r] - base);
+            const __half2 *vh = reinterpret_cast<const __half2 *>(&v[r]);
+            l += e;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 x = __half22float2(vh[j]);
+                acc[2 * j] = fmaf(e, x.x, acc[2 * j]), acc[2 * j + 1] = fmaf(e, x.y, acc[2 * j + 1]);
+            }
+        }
+        m = mx;
     }
-    if (splits > 1 && threadIdx.x == 0) my_part[0] = top, my_part[1] = total;
-    consumer_sync();   // shared memory free for the next unit
+#pragma unroll
+    for (int o = kLanes; o < 32; o <<= 1) {   // the warp's row groups into lanes 0 .. kLanes - 1
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+        const float mx = fmaxf(m, mo), base = mx == -INFINITY ? 0.0f : mx, a = expf(m - base), b = expf(mo - base);
+        l = l * a + lo * b;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * b;
+        m = mx;
+    }
+    float *mine = sm + warp * (2 + kHs);
+    if (lane == 0) mine[0] = m, mine[1] = l;
+    if (lane < kLanes)
+#pragma unroll
+        for (int i = 0; i < 8; i++) mine[2 + d0 + i] = acc[i];
+    mk_attention_merge(p, st, h, splits, sm, au.part);
 }
 
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
 template <typename KV>
 __device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, int splits, int chunk, int pos, float *sm) {
     static_assert(kMaxHeadSize <= 256, "head sizes up to 4 pairs a lane");
+    if (MK_ATTN_WIDE && sizeof(KV) == 2) {
+        switch (p.head_size) {
+        case 32: return mk_attention_wide<32>(p, st, unit, splits, chunk, pos, sm);
+        case 64: return mk_attention_wide<64>(p, st, unit, splits, chunk, pos, sm);
+        case 128: return mk_attention_wide<128>(p, st, unit, splits, chunk, pos, sm);
+        case 256: return mk_attention_wide<256>(p, st, unit, splits, chunk, pos, sm);
+        default: break;
+        }
+    }
     if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, splits, chunk, pos, sm);
     else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, splits, chunk, pos, sm);
     else mk_attention_warps<KV, 4>(p, st, unit, splits, chunk, pos, sm);
