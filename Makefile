@@ -125,12 +125,14 @@ bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o
 # A standalone measurement of KV-cache read patterns (bench/NOTES.md 70)
 bench/kv_read_probe: bench/kv_read_probe.cu
 	$(NVCC) $(NVFLAGS) -o $@ bench/kv_read_probe.cu
-# bench/tune.sh: run built again with other values of the kernels' tuning constants (-DQ8_...)
+# bench/tune.sh: run built again with other values of the kernels' constants and options (-D...),
+# several variants side by side once tune-objects are built
+tune-objects: obj/run.o $(ENGINE_OBJ)
 tune-variant: obj/run.o $(ENGINE_OBJ)
 	@mkdir -p $(TUNE_DIR)
 	$(NVCC) $(NVFLAGS) $(TUNE_DEFS) -c kernels.cu -o $(TUNE_DIR)/kernels.o
 	$(CC) -o $(TUNE_DIR)/run obj/run.o $(ENGINE_OBJ) $(TUNE_DIR)/kernels.o $(GPU_LIBS) $(LDLIBS)
-.PHONY: tune-variant
+.PHONY: tune-variant tune-objects
 bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench
 	@mkdir -p bench/out

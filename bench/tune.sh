@@ -1,27 +1,59 @@
 #!/bin/sh
-# Build-time tuning of the GEMVs' constants (cuda/gemv.cuh: Q8_TMA_STAGES, Q8_TMA_BLOCKS,
-# Q8_PREFETCH_BYTES; bench/NOTES.md 22, 32): builds run once per variant, each into
-# bench/out/tune/<n>/run, then decodes a synthetic checkpoint with every variant in turn, twice.
-# Usage (GPU machine): sh bench/tune.sh "-DQ8_TMA_STAGES=2 -DQ8_TMA_BLOCKS=4" "-DQ8_TMA_STAGES=4 -DQ8_TMA_BLOCKS=2"
-# MODEL (default llama2-7b: a preset of quantize --synthetic), FLAGS (run's, default "-t 0").
+# Build-time tuning and A/B of the kernels' constants and options (cuda/gemv.cuh's Q8_TMA_STAGES,
+# Q8_TMA_BLOCKS, Q8_PREFETCH_BYTES; cuda/megakernel.cuh's MK_...; bench/NOTES.md 22, 32, 72):
+# builds run once per variant, side by side, each into bench/out/tune/<n>/run, then decodes
+# synthetic checkpoints with every variant in turn, row by row, each row PASSES times, and says
+# where a variant's greedy text differs from the first variant's.
+# Usage (GPU machine):
+#   sh bench/tune.sh "" "-DMK_CLAIM=1" "-DQ8_TMA_STAGES=2 -DQ8_TMA_BLOCKS=4"     ("": as it is)
+# ROWS (default 7b): any of 7b, 7b-4096 (a prompt of about 3,400 tokens decoded to 4096),
+# tinyllama, stories15m, smollm2; PASSES (default 2); FLAGS (run's, default "-t 0").
 set -eu
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: sh bench/tune.sh \"-DQ8_...=v ...\" ..." >&2; exit 2; }
-make -s quantize tokenizer.bin
+[ $# -ge 1 ] || { echo "usage: sh bench/tune.sh \"-D...=v ...\" ..." >&2; exit 2; }
+make -s quantize tokenizer.bin tune-objects
 out=bench/out/tune
 mkdir -p "$out"
-n=0
+n=0 pids=
 for defs in "$@"; do
     n=$((n + 1))
-    make -s tune-variant TUNE_DIR="$out/$n" TUNE_DEFS="$defs"
+    make -s tune-variant TUNE_DIR="$out/$n" TUNE_DEFS="$defs" > "$out/$n.log" 2>&1 &
+    pids="$pids $!"
 done
-model=bench/out/${MODEL:-llama2-7b}.bin
-[ -f "$model" ] || ./quantize --synthetic "${MODEL:-llama2-7b}" "$model" 2> /dev/null
-for pass in 1 2; do
-    n=0
-    for defs in "$@"; do
-        n=$((n + 1))
-        "$out/$n/run" "$model" -z tokenizer.bin -p "Once upon a time" -n 261 ${FLAGS:--t 0} > /dev/null 2> "$out/run.err"
-        awk -v defs="$defs" -v pass=$pass '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") printf "pass %d  %-50s %9.1f tok/s\n", pass, defs, $i }' "$out/run.err"
+n=0
+for pid in $pids; do
+    n=$((n + 1))
+    wait "$pid" || { echo "tune: variant $n failed to build:"; cat "$out/$n.log"; exit 1; }
+done
+synth() { f="bench/out/$1.bin"; [ -f "$f" ] || ./quantize --synthetic "$1" "$f" 2> /dev/null; echo "$f"; }
+prompt_of() { awk -v n="$1" 'BEGIN { for (i = 0; i < n / 8; i++) printf "The cat sat on the mat. "; }'; }
+rate() { awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print $i }' "$1"; }
+row() {   # label, model, positions (-n), prompt
+    pass=0
+    while [ $pass -lt "${PASSES:-2}" ]; do
+        pass=$((pass + 1)) n=0 line=
+        for v in $variants; do
+            n=$((n + 1))
+            "$out/$n/run" "$2" -z tokenizer.bin -p "$4" -n "$3" ${FLAGS:--t 0} > "$out/$n.txt" 2> "$out/run.err" ||
+                { echo "tune: variant $n failed:"; cat "$out/run.err"; exit 1; }
+            same=; [ $n -gt 1 ] && ! cmp -s "$out/1.txt" "$out/$n.txt" && same=" (text differs)"
+            line="$line | $n: $(rate "$out/run.err")$same"
+        done
+        printf "pass %d %-11s%s\n" $pass "$1" "$line"
     done
+}
+variants=$(seq $#)
+n=0
+for defs in "$@"; do n=$((n + 1)); echo "variant $n: ${defs:-(as it is)}"; done
+! command -v nvidia-smi > /dev/null || nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+p5="Once upon a time"
+for r in ${ROWS:-7b}; do
+    case $r in
+    7b) row 7b "$(synth llama2-7b)" 261 "$p5" ;;
+    7b-4096) row 7b-4096 "$(synth llama2-7b)" 4096 "$(prompt_of 3896)" ;;
+    tinyllama) row tinyllama "$(synth tinyllama-1.1b)" 261 "$p5" ;;
+    stories15m) row stories15m "$(synth stories15m)" 256 "$p5" ;;
+    smollm2) row smollm2 "$(synth smollm2-135m)" 256 "$p5" ;;
+    *) echo "tune: unknown row $r (7b, 7b-4096, tinyllama, stories15m, smollm2)" >&2; exit 2 ;;
+    esac
 done
