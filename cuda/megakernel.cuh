@@ -391,7 +391,7 @@ struct MkCursor {
     // The block's next unit of stage s (its first: first) into u; false past its last.
     __device__ bool next_unit(const MkParams &p, int pipe, bool first) {
         const MkStage &st = p.stages[s];
-        if (!st.claim) {
+        if (!MK_CLAIM || !st.claim) {
             u = first ? (int)blockIdx.x : u + (int)gridDim.x;
             return u < st.units;
         }
@@ -900,12 +900,13 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
     mk_stamp(p, stage, 2);
     int done = 0;
     for (int k = 0;; k++, done++) {
-        const int u = st.claim ? mk_claim_read(claims, ++at.claims) : (int)blockIdx.x + k * (int)gridDim.x;
+        const bool claimed = MK_CLAIM && st.claim;   // (without MK_CLAIM, none of the claims' code is compiled in)
+        const int u = claimed ? mk_claim_read(claims, ++at.claims) : (int)blockIdx.x + k * (int)gridDim.x;
         if (u < 0 || u >= st.units) break;
         const TmaBlock b = mk_unit(st, u);
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
         consumer_sync();   // (and every consumer has read the claim)
-        if (st.claim && threadIdx.x == 0) claims.read[0] = at.claims;
+        if (claimed && threadIdx.x == 0) claims.read[0] = at.claims;
         float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
@@ -941,7 +942,7 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
-    if (st.claim) {   // the stage's end read by every consumer
+    if (MK_CLAIM && st.claim) {   // the stage's end read by every consumer
         consumer_sync();
         if (threadIdx.x == 0) claims.read[0] = at.claims;
     }
@@ -959,6 +960,14 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
     }
 }
 
+// MK_FLAG_ATTENTION (default off: written, not yet measured; bench/NOTES.md 73): the attention's
+// output goes over flagged too (written whole at every position: by the attention where it has
+// one split, else by its combine step, both with the combine step's flag), so that the output
+// projection loads it as it comes instead of after the attention's count.
+#ifndef MK_FLAG_ATTENTION
+#define MK_FLAG_ATTENTION 0
+#endif
+
 // The step's attention: its position, splits of rows of chunk rows each, and the flag its output
 // goes over with where it is flagged (st.ll_out: the combine stage's flag, whichever of the two
 // stages writes it at this position).
@@ -968,7 +977,7 @@ struct MkAttnStep {
 };
 // Element i of the attention's output (out, or flagged).
 __device__ __forceinline__ void mk_put_out(const MkStage &st, int i, float v, unsigned flag) {
-    if (st.ll_out) mk_store_flagged(st.ll_out + i, v, flag);
+    if (MK_FLAG_ATTENTION && st.ll_out) mk_store_flagged(st.ll_out + i, v, flag);
     else st.out[i] = v;
 }
 
@@ -1226,7 +1235,7 @@ __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
 template <typename KV>
 __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red, const MkClaims &claims) {
     pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
-    if (threadIdx.x == 0) *claims.go = 1;   // (the claims' counters, zeroed by the kernel before, with them)
+    if (MK_CLAIM && threadIdx.x == 0) *claims.go = 1;   // (the claims' counters, zeroed by the kernel before, with them)
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
@@ -1235,7 +1244,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     int before = -1, before_units = 0;   // the last stage with units
     for (int s = 0; s < p.n_stages; s++) {
         const MkStage &st = p.stages[s];
-        const int units = mk_units(st, splits, p.n_heads), mine = st.claim ? 1 : my_units(units);
+        const int units = mk_units(st, splits, p.n_heads), mine = MK_CLAIM && st.claim ? 1 : my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
@@ -1279,9 +1288,9 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
-        for (int q = 0; q < kMkClaimQueue; q++) claims.queue[q] = 0;   // number 0: no claim's
-        for (int r = 0; r < kMkPipes; r++) claims.read[r] = 0;
-        *claims.go = 0;
+        for (int q = 0; MK_CLAIM && q < kMkClaimQueue; q++) claims.queue[q] = 0;   // number 0: no claim's
+        for (int r = 0; MK_CLAIM && r < kMkPipes; r++) claims.read[r] = 0;
+        if (MK_CLAIM) *claims.go = 0;
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
@@ -1376,14 +1385,6 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     return true;
 }
-
-// MK_FLAG_ATTENTION (default off: written, not yet measured; bench/NOTES.md 73): the attention's
-// output goes over flagged too (written whole at every position: by the attention where it has
-// one split, else by its combine step, both with the combine step's flag), so that the output
-// projection loads it as it comes instead of after the attention's count.
-#ifndef MK_FLAG_ATTENTION
-#define MK_FLAG_ATTENTION 0
-#endif
 
 // Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
 static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
