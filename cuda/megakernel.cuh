@@ -162,7 +162,7 @@ struct MkParams {
     int n_stages;
     unsigned *counters;    // (n_stages + 2): units done per stage, then blocks finished (zero between steps),
                            // then the step's epoch (mk_flag)
-    unsigned *claims;      // (n_stages): units claimed per stage (MK_CLAIM; zero between steps)
+    unsigned *claims;      // (n_stages): units claimed per stage (MK_CLAIM, else NULL; zero between steps)
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
@@ -347,14 +347,14 @@ struct MkClaims {
     volatile unsigned *read;     // shared (kMkPipes): the last claim the consumers [0] and producers 1.. have read
     volatile int *go;            // shared: 1 once the consumers have passed the wait for the kernel before
 };
-constexpr int kMkClaimsBytes = 8 * kMkClaimQueue + 4 * kMkPipes + 8;
+constexpr int kMkClaimsBytes = MK_CLAIM ? 8 * kMkClaimQueue + 4 * kMkPipes + 8 : 0;   // none without MK_CLAIM
 __device__ __forceinline__ MkClaims mk_claims(unsigned char *smem, const MkParams &p) {
     unsigned char *at = smem + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats) + 16 * p.slots;
     return {reinterpret_cast<unsigned long long *>(at), reinterpret_cast<volatile unsigned *>(at + 8 * kMkClaimQueue),
             reinterpret_cast<volatile int *>(at + 8 * kMkClaimQueue + 4 * kMkPipes)};
 }
 // The oldest claim some reader has not gone past.
-__device__ __forceinline__ unsigned mk_claims_read(const MkClaims &c) {
+__device__ __forceinline__ unsigned mk_oldest_read(const MkClaims &c) {
     unsigned r = c.read[0];
     for (int i = 1; i < kMkPipes; i++) r = min(r, c.read[i]);
     return r;
@@ -407,7 +407,7 @@ struct MkCursor {
         if (first) ended = false;
         while (!go) go = *claims.go != 0;
         while (!ended && made < number + kMkClaimAhead) {
-            while (made + 1 > mk_claims_read(claims) + kMkClaimQueue) __nanosleep(32);   // its entry read by all
+            while (made + 1 > mk_oldest_read(claims) + kMkClaimQueue) __nanosleep(32);   // its entry read by all
             const unsigned got = atomicAdd(p.claims + s, 1u);
             ended = got >= (unsigned)st.units;
             made++;
@@ -767,18 +767,16 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
                     int e[4] = {0, 0, 0, 0};
                     mk_imma(e, w[i], make_uint2(mine ? b[i].x : 0u, mine ? b[i].y : 0u));
                     const int kh = k + 16 * h;
-                    if (MK_GROUP_SELECT) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), kh < stride ? xs.u[kh >> 4] : 0.0f, g);
-                    else if (kh < stride) mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), xs.u[kh >> 4], g);
+                    if (MK_GROUP_SELECT || kh < stride)
+                        mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), kh < stride ? xs.u[kh >> 4] : 0.0f, g);
                 }
             } else {
                 if (j % kGroupSteps == 0) d[0] = d[1] = d[2] = d[3] = 0;
                 mk_imma(d, w[i], b[i]);
                 const int kg = k - 32 * (kGroupSteps - 1);   // the group's first column (of the warp's, for groups wider than it)
-                const int gi = (kg >> gshift) - (c0 >> gshift);
-                if (j % kGroupSteps == kGroupSteps - 1 && MK_GROUP_SELECT)
-                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, gi, kg < stride ? xs.u[kg >> gshift] : 0.0f, g);
-                else if (j % kGroupSteps == kGroupSteps - 1 && kg < stride)
-                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, gi, xs.u[kg >> gshift], g);
+                const float u = kg < stride ? xs.u[kg >> gshift] : 0.0f;
+                if (j % kGroupSteps == kGroupSteps - 1 && (MK_GROUP_SELECT || kg < stride))
+                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), u, g);
             }
         }
     }
@@ -898,8 +896,8 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
     const int stride = st.a.stride, per_row = mk_groups_a_row(st.a.gs), slots = p.slots, slot_bytes = p.slot_bytes;
     const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
     mk_stamp(p, stage, 2);
-    int done = 0;
-    for (int k = 0;; k++, done++) {
+    int k = 0;   // the units done
+    for (;; k++) {
         const bool claimed = MK_CLAIM && st.claim;   // (without MK_CLAIM, none of the claims' code is compiled in)
         const int u = claimed ? mk_claim_read(claims, ++at.claims) : (int)blockIdx.x + k * (int)gridDim.x;
         if (u < 0 || u >= st.units) break;
@@ -946,7 +944,7 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
         consumer_sync();
         if (threadIdx.x == 0) claims.read[0] = at.claims;
     }
-    return done;
+    return k;
 }
 
 __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
@@ -1006,14 +1004,6 @@ __device__ void mk_attention_merge(const MkParams &p, const MkStage &st, int h, 
     consumer_sync();   // shared memory free for the next unit
 }
 
-// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache;
-// with one split straight into out, else a partial (its largest score, the sum of exp(score -
-// that), the exp-weighted sum of value rows) into p.part for the combine stage. Warp w takes rows
-// t0 + w, + kMkConsumerWarps, ..., kRows of them at a time, all their key and value loads in
-// flight together; a lane holds the head's element pairs 2 lane + 64 i, i < kPairs (head size up
-// to 64 kPairs). Each warp keeps a running softmax of its rows, and the warps' are merged in
-// shared memory at the end: one barrier, where a thread a row with block reductions for the
-// maximum and the sum took several (bench/NOTES.md 56).
 // An attention unit's head h, its rows [t0, t1) and where its partial goes; a unit past the last
 // row writes an empty partial (weight 0 in the combine) and has no rows.
 struct MkAttnUnit {
@@ -1031,6 +1021,14 @@ __device__ MkAttnUnit mk_attn_unit(const MkParams &p, int unit, const MkAttnStep
     return a;
 }
 
+// Attention unit (head h, split): rows [split * chunk, min(pos + 1, ...)) of the head's cache;
+// with one split straight into out, else a partial (its largest score, the sum of exp(score -
+// that), the exp-weighted sum of value rows) into p.part for the combine stage. Warp w takes rows
+// t0 + w, + kMkConsumerWarps, ..., kRows of them at a time, all their key and value loads in
+// flight together; a lane holds the head's element pairs 2 lane + 64 i, i < kPairs (head size up
+// to 64 kPairs). Each warp keeps a running softmax of its rows, and the warps' are merged in
+// shared memory at the end: one barrier, where a thread a row with block reductions for the
+// maximum and the sum took several (bench/NOTES.md 56).
 template <typename KV, int kPairs>
 __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
     const int hs = p.head_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1271,7 +1269,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         __threadfence();
         if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
             for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
-            for (int s = 0; s < p.n_stages; s++) p.claims[s] = 0;
+            for (int s = 0; MK_CLAIM && s < p.n_stages; s++) p.claims[s] = 0;
             p.counters[p.n_stages + 1]++;   // the next step's epoch
             __threadfence();
         }
@@ -1549,9 +1547,10 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs);
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&p.counters, (2 * count + 2) * sizeof(unsigned)));   // then the claims' counters
-    CUDA_CHECK(cudaMemset(p.counters, 0, (2 * count + 2) * sizeof(unsigned)));
-    p.claims = p.counters + count + 2;
+    const int n_counters = count + 2 + (MK_CLAIM ? count : 0);   // then the claims' counters
+    CUDA_CHECK(cudaMalloc(&p.counters, n_counters * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(p.counters, 0, n_counters * sizeof(unsigned)));
+    p.claims = MK_CLAIM ? p.counters + count + 2 : NULL;
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
