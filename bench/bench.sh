@@ -59,13 +59,14 @@ fi
 row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
 row "tinyllama-1.1b int8 fused, a kernel per matrix" "$(synth tinyllama-1.1b)" 261 "$p5" "--no-megakernel"
 row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
+row "stories110m int8 fused, a kernel per matrix" "$(synth stories110m)" 261 "$p5" "--no-megakernel"
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
 row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
 row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--megakernel"
 # Hugging Face shapes (vocabularies 49152 and 128256, beyond tokenizer.bin's 32000)
 row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
 row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
-row "smollm2-135m int8 --megakernel" "$(synth smollm2-135m)" 256 "$p5" "--megakernel"
+row "smollm2-135m int8 fused, a kernel per matrix" "$(synth smollm2-135m)" 256 "$p5" "--no-megakernel"
 if [ -z "${BENCH_QUICK:-}" ]; then
     row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
     row "llama3-8b int8 fused, a kernel per matrix" "$(synth llama3-8b)" 261 "$p5" "--no-megakernel"

@@ -1,5 +1,5 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
-// host side. The decode path of INT8 models from about 0.5 GB of weights (engine/dispatch.c);
+// host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
 // bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71 and 72 have each design step and where
 // the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
@@ -22,11 +22,10 @@
 // Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
 // counted all its units done in a counter in global memory (no grid-wide barrier), or, where a
 // linear stage's x is all written by the stage before it (the residual stream, the SwiGLU's
-// output, the attention's output), until each element of x it loads carries that stage's flag
-// (mk_flags); a block with no unit in a stage goes straight on. Small work (the embedding row,
-// attention, its combine step) is spread over the blocks as units of its own stage; RMSNorm,
-// RoPE, the KV store, biases, residual adds and SwiGLU are folded into the linear stages as in
-// the per-matrix GEMVs.
+// output), until each element of x it loads carries that stage's flag (mk_flags); a block with
+// no unit in a stage goes straight on. Small work (the embedding row, attention, its combine
+// step) is spread over the blocks as units of its own stage; RMSNorm, RoPE, the KV store,
+// biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
 //
 // Arithmetic: a stage stages its x once as three int8 digits an element in the weights' groups
 // (MkX: x to within about 1e-7 of its group's largest element), so that a tile's products are
@@ -50,8 +49,8 @@
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE; for measurement
 // only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run),
-// MK_NO_MATH (the ring streamed, nothing computed) and MK_NO_FINISH (no unit's rows finished),
-// both wrong results.
+// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished) and
+// MK_NO_WAIT (no stage waits for the one before), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -138,11 +137,9 @@ struct MkStage {
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
     int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
                         // (either way kept after), 0 not kept (mk_finish_kept)
-    int claim;          // GEMV: units claimed at run time by every block (MK_CLAIM), not blockIdx.x + k gridDim.x
     // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as (value, flag) pairs,
-    // written by stage ll_from; ll_out (GEMV, EMBED, ATTENTION, COMBINE): where its output goes
-    // instead of y (or x, out), with its own flag (an attention's: its combine stage's); ll_prev:
-    // the stage whose values of ll_out a keep == 1 stage reads first.
+    // written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead of y (or x), with
+    // its own flag; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
     uint2 *ll_in, *ll_out;
     int ll_from, ll_prev;
     int wait, count;    // whether it waits for the stage before it; whether its units are counted
@@ -151,7 +148,7 @@ struct MkStage {
     const float *es, *ef;
     int estride, egroups, egs, dim;
     float *x;
-    // ATTENTION: out (dim), or the splits' partials, of q over the layer's caches; COMBINE: out
+    // ATTENTION: out, or the splits' partials, of q over the layer's caches; COMBINE: out
     const float *q;
     const void *kc, *vc;
     float *out;
@@ -162,7 +159,6 @@ struct MkParams {
     int n_stages;
     unsigned *counters;    // (n_stages + 2): units done per stage, then blocks finished (zero between steps),
                            // then the step's epoch (mk_flag)
-    unsigned *claims;      // (n_stages): units claimed per stage (MK_CLAIM, else NULL; zero between steps)
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
@@ -264,7 +260,6 @@ __host__ __device__ __forceinline__ int mk_groups_a_row(int gs) { return gs < kM
 // wrapped. Tile `count` belongs to pipe count % kMkPipes.
 struct MkRing {
     int count = 0, slot = 0, round = 0;
-    unsigned claims = 0;   // the block's claims read so far in the step (MkClaims)
     __device__ void next(int slots) {
         count++;
         if (++slot == slots) slot = 0, round++;
@@ -320,100 +315,26 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     }
 }
 
-// ---------------------------------------------------------------- units claimed at run time
-// MK_CLAIM (default off: written, not yet measured; bench/NOTES.md 73): the SwiGLU stage's units,
-// of as many row tiles as give every pipe a tile, claimed by every block from a counter at run
-// time instead of fixed, so that blocks whose copies land faster take more and all of them finish
-// together (its output goes over flagged, neither kept nor rotated: nothing else of the schedule
-// depends on which block has which rows).
-// The block's claims: pipe 0's producer claims from the stage's counter (p.claims) up to
-// kMkClaimAhead claims ahead of the one it needs and publishes each in a queue in shared memory,
-// (number << 32 | unit), numbered from 1 over the step's claimed stages; a stage's claims end with
-// one whose unit is kMkNoUnit. The other producers and the consumers read them in the same order
-// and note in `read` the last they have read; an entry is written again only once every reader
-// has read the claim it held. That wait cannot close a cycle: the claims it waits for are older
-// than the one pipe 0 is about to copy a tile of, so reading them needs only tiles already copied
-// (kMkClaimQueue > kMkClaimAhead + 1). A block claims stages ahead of its consumers at most by the
-// ring's depth: claims that cost no tile (a stage's end, a block without units in the stages
-// between) are what made a bound from the ring alone fail.
-#ifndef MK_CLAIM
-#define MK_CLAIM 0
-#endif
-constexpr int kMkClaimQueue = 8, kMkClaimAhead = 1;
-static_assert(kMkClaimQueue > kMkClaimAhead + 1, "the queue's wait needs only claims older than the one being copied");
-constexpr unsigned kMkNoUnit = 0xffffffffu;
-struct MkClaims {
-    unsigned long long *queue;   // shared (kMkClaimQueue)
-    volatile unsigned *read;     // shared (kMkPipes): the last claim the consumers [0] and producers 1.. have read
-    volatile int *go;            // shared: 1 once the consumers have passed the wait for the kernel before
-};
-constexpr int kMkClaimsBytes = MK_CLAIM ? 8 * kMkClaimQueue + 4 * kMkPipes + 8 : 0;   // none without MK_CLAIM
-__device__ __forceinline__ MkClaims mk_claims(unsigned char *smem, const MkParams &p) {
-    unsigned char *at = smem + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats) + 16 * p.slots;
-    return {reinterpret_cast<unsigned long long *>(at), reinterpret_cast<volatile unsigned *>(at + 8 * kMkClaimQueue),
-            reinterpret_cast<volatile int *>(at + 8 * kMkClaimQueue + 4 * kMkPipes)};
-}
-// The oldest claim some reader has not gone past.
-__device__ __forceinline__ unsigned mk_oldest_read(const MkClaims &c) {
-    unsigned r = c.read[0];
-    for (int i = 1; i < kMkPipes; i++) r = min(r, c.read[i]);
-    return r;
-}
-// The unit of the block's claim `number`, once published; -1 at its stage's end.
-__device__ int mk_claim_read(const MkClaims &c, unsigned number) {
-    const volatile unsigned long long *e = c.queue + number % kMkClaimQueue;
-    unsigned long long v;
-    while ((unsigned)((v = *e) >> 32) != number) __nanosleep(32);
-    return (unsigned)v == kMkNoUnit ? -1 : (int)(unsigned)v;
-}
-
 // ---------------------------------------------------------------- the producer warp
 // The block's tiles of a step in order, every pipe's: where each one's record is.
 struct MkCursor {
     int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
     const unsigned char *unit = nullptr;
-    MkClaims claims;
-    unsigned taken = 0, made = 0;   // claims read; published (pipe 0)
-    bool ended = false, go = false;   // the stage's last claim published; the consumers past their wait
     // To the next tile; false past the step's last.
-    __device__ bool next(const MkParams &p, int pipe) {
+    __device__ bool next(const MkParams &p) {
         while (++t >= tiles) {
             t = -1, tiles = 0;
-            bool more = s >= 0 && next_unit(p, pipe, false);
-            while (!more) {
-                if (++s >= p.n_stages) return false;
-                if (p.stages[s].kind == MK_GEMV) more = next_unit(p, pipe, true);
+            if (s >= 0 && (u += gridDim.x) < p.stages[s].units) {
+                at_unit(p.stages[s]);
+                continue;
             }
+            do
+                if (++s >= p.n_stages) return false;
+            while (p.stages[s].kind != MK_GEMV || (int)blockIdx.x >= p.stages[s].units);
+            u = blockIdx.x;
             at_unit(p.stages[s]);
         }
         return true;
-    }
-    // The block's next unit of stage s (its first: first) into u; false past its last.
-    __device__ bool next_unit(const MkParams &p, int pipe, bool first) {
-        const MkStage &st = p.stages[s];
-        if (!MK_CLAIM || !st.claim) {
-            u = first ? (int)blockIdx.x : u + (int)gridDim.x;
-            return u < st.units;
-        }
-        const unsigned number = ++taken;
-        if (pipe == 0) publish(p, st, number, first);
-        u = mk_claim_read(claims, number);
-        if (pipe > 0) claims.read[pipe] = number;
-        return u >= 0;
-    }
-    // Pipe 0: claims up to number + kMkClaimAhead published, or the stage's end. The counters
-    // were zeroed by the kernel before, whose writes the consumers' wait makes visible.
-    __device__ void publish(const MkParams &p, const MkStage &st, unsigned number, bool first) {
-        if (first) ended = false;
-        while (!go) go = *claims.go != 0;
-        while (!ended && made < number + kMkClaimAhead) {
-            while (made + 1 > mk_oldest_read(claims) + kMkClaimQueue) __nanosleep(32);   // its entry read by all
-            const unsigned got = atomicAdd(p.claims + s, 1u);
-            ended = got >= (unsigned)st.units;
-            made++;
-            const unsigned long long e = (unsigned long long)made << 32 | (ended ? kMkNoUnit : got);
-            *reinterpret_cast<volatile unsigned long long *>(claims.queue + made % kMkClaimQueue) = e;
-        }
     }
     __device__ void at_unit(const MkStage &st) {
         const TmaBlock b = mk_unit(st, u);
@@ -431,14 +352,12 @@ struct MkCursor {
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
 // A partial column tile leaves its slot's later steps as an earlier tile left them: the consumers
 // multiply those bytes by x's digits past K, which mk_stage_x writes as zeros.
-__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty, const MkClaims &claims) {
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
     MkRing at;
     const uint64_t policy = l2_policy(MK_EVICT_FIRST);
-    MkCursor tile;
-    tile.claims = claims;
-    for (; tile.next(p, pipe); at.next(p.slots)) {
+    for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
@@ -881,9 +800,8 @@ __device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const fl
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
-// Returns how many units it did.
-__device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
-                         float *red, const MkTurn turn, unsigned epoch, const MkClaims &claims) {
+__device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
+                          float *red, const MkTurn turn, unsigned epoch) {
     const MkX xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
     float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const bool pair = st.pair != 0;
@@ -896,15 +814,10 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
     const int stride = st.a.stride, per_row = mk_groups_a_row(st.a.gs), slots = p.slots, slot_bytes = p.slot_bytes;
     const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
     mk_stamp(p, stage, 2);
-    int k = 0;   // the units done
-    for (;; k++) {
-        const bool claimed = MK_CLAIM && st.claim;   // (without MK_CLAIM, none of the claims' code is compiled in)
-        const int u = claimed ? mk_claim_read(claims, ++at.claims) : (int)blockIdx.x + k * (int)gridDim.x;
-        if (u < 0 || u >= st.units) break;
+    for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
-        consumer_sync();   // (and every consumer has read the claim)
-        if (claimed && threadIdx.x == 0) claims.read[0] = at.claims;
+        consumer_sync();
         float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
@@ -940,11 +853,6 @@ __device__ int mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsig
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
-    if (MK_CLAIM && st.claim) {   // the stage's end read by every consumer
-        consumer_sync();
-        if (threadIdx.x == 0) claims.read[0] = at.claims;
-    }
-    return k;
 }
 
 __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
@@ -958,26 +866,10 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
     }
 }
 
-// MK_FLAG_ATTENTION (default off: written, not yet measured; bench/NOTES.md 73): the attention's
-// output goes over flagged too (written whole at every position: by the attention where it has
-// one split, else by its combine step, both with the combine step's flag), so that the output
-// projection loads it as it comes instead of after the attention's count.
-#ifndef MK_FLAG_ATTENTION
-#define MK_FLAG_ATTENTION 0
-#endif
-
-// The step's attention: its position, splits of rows of chunk rows each, and the flag its output
-// goes over with where it is flagged (st.ll_out: the combine stage's flag, whichever of the two
-// stages writes it at this position).
+// The step's attention: its position, and splits of its rows of chunk rows each.
 struct MkAttnStep {
     int pos, splits, chunk;
-    unsigned flag;
 };
-// Element i of the attention's output (out, or flagged).
-__device__ __forceinline__ void mk_put_out(const MkStage &st, int i, float v, unsigned flag) {
-    if (MK_FLAG_ATTENTION && st.ll_out) mk_store_flagged(st.ll_out + i, v, flag);
-    else st.out[i] = v;
-}
 
 // The warps' running softmaxes of an attention unit (sm: (warps, 2 + head size): m, l, the
 // weighted sum; a warp without rows: m = -inf, l = 0) merged into out (one split) or the unit's
@@ -997,7 +889,7 @@ __device__ void mk_attention_merge(const MkParams &p, const MkStage &st, int h, 
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kMkConsumerWarps; w++) sum += sm[w * (2 + hs) + 2 + d] * weight[w];
-        if (splits == 1) mk_put_out(st, h * hs + d, sum / total, at.flag);
+        if (splits == 1) st.out[h * hs + d] = sum / total;
         else my_part[2 + d] = sum;
     }
     if (splits > 1 && threadIdx.x == 0) my_part[0] = top, my_part[1] = total;
@@ -1212,13 +1104,16 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
     for (int d = threadIdx.x; d < p.head_size; d += kMkConsumers) {
         float acc = 0.0f;
         for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
-        mk_put_out(st, h * p.head_size + d, acc / total, at.flag);
+        st.out[h * p.head_size + d] = acc / total;
     }
     consumer_sync();
 }
 
 // Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
 __device__ void mk_wait(const MkParams &p, int stage, int units) {
+#ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
+    return;
+#endif
     if (threadIdx.x == 0)
         while (load_acquire(p.counters + stage) < (unsigned)units) {}
     consumer_sync();
@@ -1231,9 +1126,8 @@ __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
 }
 
 template <typename KV>
-__device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red, const MkClaims &claims) {
+__device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red) {
     pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
-    if (MK_CLAIM && threadIdx.x == 0) *claims.go = 1;   // (the claims' counters, zeroed by the kernel before, with them)
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
@@ -1242,24 +1136,22 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     int before = -1, before_units = 0;   // the last stage with units
     for (int s = 0; s < p.n_stages; s++) {
         const MkStage &st = p.stages[s];
-        const int units = mk_units(st, splits, p.n_heads), mine = MK_CLAIM && st.claim ? 1 : my_units(units);
+        const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
-            int done = mine;
-            if (st.kind == MK_GEMV) done = mk_linear(p, st, at, smem, full, empty, red, turn, epoch, claims);
+            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_flag(p, epoch, s));
-            else {   // the attention's output flagged with its combine stage's flag
-                const unsigned flag = mk_flag(p, epoch, st.kind == MK_ATTENTION ? s + 1 : s);
-                const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits), flag};
+            else {
+                const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
                     if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
                     else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
-                if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)done);
+                if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)mine);
             }
             mk_stamp(p, s, 3);
         }
@@ -1269,7 +1161,6 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         __threadfence();
         if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
             for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
-            for (int s = 0; MK_CLAIM && s < p.n_stages; s++) p.claims[s] = 0;
             p.counters[p.n_stages + 1]++;   // the next step's epoch
             __threadfence();
         }
@@ -1282,19 +1173,15 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
     __shared__ float red[32];
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
-    const MkClaims claims = mk_claims(mk_smem, p);
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
-        for (int q = 0; MK_CLAIM && q < kMkClaimQueue; q++) claims.queue[q] = 0;   // number 0: no claim's
-        for (int r = 0; MK_CLAIM && r < kMkPipes; r++) claims.read[r] = 0;
-        if (MK_CLAIM) *claims.go = 0;
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
-        mk_produce(p, ring, full, empty, claims);   // weights only: no wait for the kernel before
+        mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
     } else {
-        mk_consume<KV>(p, mk_smem, full, empty, red, claims);
+        mk_consume<KV>(p, mk_smem, full, empty, red);
     }
     pdl_release();
 }
@@ -1334,12 +1221,6 @@ static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage 
     const int n_out = st->pair ? 1 : a.n_out;
     for (int j = 0; j < (st->pair ? 2 : a.n_out); j++)
         if (reinterpret_cast<uintptr_t>(a.out[j].q) % 16) return snprintf(why, ERR_LEN, "weights not 16-byte aligned"), false;
-    if (MK_CLAIM && st->pair) {   // claimed units (MkClaims): a row tile, or as many as give every pipe a tile
-        st->claim = 1;
-        a.tma_rows = kMkRows / 2 * ceil_div_i(kMkPipes, ceil_div_i(a.stride, kMkCols));
-        mk_units_of(st, n_out);
-        return true;
-    }
     int rows = 0;
     for (int j = 0; j < n_out; j++) rows += a.out[j].N;
     a.tma_rows = round_up(ceil_div_i(rows, blocks), 2);
@@ -1387,7 +1268,7 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
 // Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
 static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
     if (t.kind == MK_EMBED) return *len = t.dim, *can = true, t.x == x;
-    if (t.kind != MK_GEMV) return *len = t.dim, *can = MK_FLAG_ATTENTION, t.out == x;   // all of it: one split, or the combine
+    if (t.kind != MK_GEMV) return *len = 0, *can = false, t.out == x;
     for (int j = 0; j < 3; j++)
         if (t.a.out[j].y == x) {
             *len = t.a.out[j].N;
@@ -1429,13 +1310,11 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 
 // Hand-overs with flags (MK_FLAGS, default on; bench/NOTES.md 63). Where a linear stage's x is
 // written whole by the stage right before it (the residual stream by the output projection, w2 or
-// the embedding; the SwiGLU's output by w1/w3; the attention's output by the attention or its
-// combine step, MK_FLAG_ATTENTION), its elements go over as (value, flag) pairs: the
+// the embedding; the SwiGLU's output by w1/w3), its elements go over as (value, flag) pairs: the
 // stage reads x as soon as each element is there instead of after the stage before has counted
 // (a fence, an atomic and a poll: round trips to L2 behind the weights' stream), and the stage
 // before does not count. A buffer goes over flagged only if every stage that writes it can (the
-// embedding; a linear stage without RoPE of one output or the pair; a kept residual add; the
-// attention and its combine step) and
+// embedding; a linear stage without RoPE of one output or the pair; a kept residual add) and
 // writes all of it, only linear stages read it, and none before the step's first write. Each such
 // buffer gets a flagged copy (bufs, at most kMkFlagBufs); stages' wait and count are set.
 #ifndef MK_FLAGS
@@ -1481,8 +1360,7 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs) {
 }
 
 static size_t mk_smem_bytes(const MkParams &p) {
-    return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots +
-           kMkClaimsBytes;   // the ring's barriers, then MkClaims
+    return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
 
 extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
@@ -1518,7 +1396,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             st->kind = MK_ATTENTION, st->q = m->q, st->kc = m->key_cache, st->vc = m->value_cache, st->out = m->out;
             MkStage *c = &host[count++];
             c->kind = MK_COMBINE, c->out = m->out;
-            st->dim = c->dim = at.n_heads * at.head_size;
         }
     }
     p.keep_floats = mk_keep_residual(host, count, blocks);
@@ -1547,10 +1424,8 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs);
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
-    const int n_counters = count + 2 + (MK_CLAIM ? count : 0);   // then the claims' counters
-    CUDA_CHECK(cudaMalloc(&p.counters, n_counters * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(p.counters, 0, n_counters * sizeof(unsigned)));
-    p.claims = MK_CLAIM ? p.counters + count + 2 : NULL;
+    CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));

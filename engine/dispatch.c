@@ -16,9 +16,9 @@
 // shape and not on the smaller ones, whose layers are too short for its set-up (NOTES 22, 25).
 #define COPY_GEMV_MIN_BYTES 4e9
 // Models from this many weight bytes per token decode in one persistent kernel (INT8, sm_90a):
-// it is ahead from the TinyLlama shape up and behind on the 135M shapes, whose steps are stage
-// boundaries more than streaming (NOTES 46).
-#define MEGAKERNEL_MIN_BYTES 5e8
+// it is ahead from the stories110m shape (0.11 GB) up and behind on stories42m (0.04 GB) and
+// stories15m, whose steps are stage boundaries more than streaming (NOTES 46, 74).
+#define MEGAKERNEL_MIN_BYTES 7e7
 // Under this many weight bytes per token, kernels launch with PDL: the small models' steps are
 // launch latency, which it hides; the 7B's register-fed GEMV lost with it (NOTES 8).
 #define PDL_MAX_BYTES 1e9
