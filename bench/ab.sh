@@ -5,16 +5,10 @@
 # Usage: sh bench/ab.sh A B     (A, B: paths of run binaries; QUANTIZE: the quantize to use)
 set -eu
 cd "$(dirname "$0")/.."
-A=$1 B=$2 Q=${QUANTIZE:-./quantize}
+A=$1 B=$2
 out=${BENCH_DIR:-bench/out}
 mkdir -p "$out"
-synth() { f="$out/$1.bin"; [ -f "$f" ] || $Q --synthetic "$1" "$f" 2>/dev/null; echo "$f"; }
-prompt_of() { awk -v n="$1" 'BEGIN { for (i = 0; i < n / 8; i++) printf "The cat sat on the mat. "; }'; }
-rate() {   # stderr of a run: the decode (or aggregate) tok/s
-    awk '/decode/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tok/s;" && $(i-1) == "decode") d = $i;
-                                               if ($(i+1) == "tok/s" && $(i+2) == "aggregate,") a = $i } }
-         END { print a ? a : d }' "$1"
-}
+. bench/lib.sh   # synth, prompt_of, rate
 one() {   # binary, tag, model, -n, prompt, flags
     $1 "$3" -z tokenizer.bin -p "$5" -n "$4" $6 > "$out/ab_$2.txt" 2> "$out/ab_$2.err" || { cat "$out/ab_$2.err"; exit 1; }
     grep -q "device gpu" "$out/ab_$2.err" || { echo "ab: not on the GPU:"; cat "$out/ab_$2.err"; exit 1; }

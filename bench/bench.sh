@@ -10,13 +10,7 @@ cd "$(dirname "$0")/.."
 out=${BENCH_DIR:-bench/out}
 mkdir -p "$out"
 make -s run quantize tokenizer.bin
-synth() {   # name [--fp32]
-    f="$out/$1${2:+.f32}.bin"
-    [ -f "$f" ] || ./quantize --synthetic "$1" ${2:-} "$f" 2>/dev/null
-    echo "$f"
-}
-# A prompt of about n tokens (tokenizer.bin: each repeat of the sentence is 8 tokens).
-prompt_of() { awk -v n="$1" 'BEGIN { for (i = 0; i < n / 8; i++) printf "The cat sat on the mat. "; }'; }
+. bench/lib.sh   # synth, prompt_of
 rows="$out/rows.txt"; : > "$rows"
 row() {   # label, model, positions (-n), prompt, extra flags
     ./run "$2" -z tokenizer.bin -p "$4" -n "$3" -t 0 $5 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }

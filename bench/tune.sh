@@ -12,32 +12,30 @@ set -eu
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: sh bench/tune.sh \"-D...=v ...\" ..." >&2; exit 2; }
 make -s quantize tokenizer.bin tune-objects
-out=bench/out/tune
-mkdir -p "$out"
+out=bench/out tune=bench/out/tune   # the checkpoints (as bench.sh makes them); the builds and runs
+mkdir -p "$tune"
+. bench/lib.sh   # synth, prompt_of, rate
 n=0 pids=
 for defs in "$@"; do
     n=$((n + 1))
-    make -s tune-variant TUNE_DIR="$out/$n" TUNE_DEFS="$defs" > "$out/$n.log" 2>&1 &
+    make -s tune-variant TUNE_DIR="$tune/$n" TUNE_DEFS="$defs" > "$tune/$n.log" 2>&1 &
     pids="$pids $!"
 done
 n=0
 for pid in $pids; do
     n=$((n + 1))
-    wait "$pid" || { echo "tune: variant $n failed to build:"; cat "$out/$n.log"; exit 1; }
+    wait "$pid" || { echo "tune: variant $n failed to build:"; cat "$tune/$n.log"; exit 1; }
 done
-synth() { f="bench/out/$1.bin"; [ -f "$f" ] || ./quantize --synthetic "$1" "$f" 2> /dev/null; echo "$f"; }
-prompt_of() { awk -v n="$1" 'BEGIN { for (i = 0; i < n / 8; i++) printf "The cat sat on the mat. "; }'; }
-rate() { awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print $i }' "$1"; }
 row() {   # label, model, positions (-n), prompt
     pass=0
     while [ $pass -lt "${PASSES:-2}" ]; do
         pass=$((pass + 1)) n=0 line=
         for v in $variants; do
             n=$((n + 1))
-            "$out/$n/run" "$2" -z tokenizer.bin -p "$4" -n "$3" ${FLAGS:--t 0} > "$out/$n.txt" 2> "$out/run.err" ||
-                { echo "tune: variant $n failed:"; cat "$out/run.err"; exit 1; }
-            same=; [ $n -gt 1 ] && ! cmp -s "$out/1.txt" "$out/$n.txt" && same=" (text differs)"
-            line="$line | $n: $(rate "$out/run.err")$same"
+            "$tune/$n/run" "$2" -z tokenizer.bin -p "$4" -n "$3" ${FLAGS:--t 0} > "$tune/$n.txt" 2> "$tune/run.err" ||
+                { echo "tune: variant $n failed:"; cat "$tune/run.err"; exit 1; }
+            same=; [ $n -gt 1 ] && ! cmp -s "$tune/1.txt" "$tune/$n.txt" && same=" (text differs)"
+            line="$line | $n: $(rate "$tune/run.err")$same"
         done
         printf "pass %d %-11s%s\n" $pass "$1" "$line"
     done
