@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72 and 74 have each design step and where
-// the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74 and 75 have each design step and
+// where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -47,10 +47,11 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_SPLIT_W2; for measurement
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE; for measurement
 // only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run),
-// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished) and
-// MK_NO_WAIT (no stage waits for the one before), all wrong results.
+// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
+// MK_NO_WAIT (no stage waits for the one before) and MK_NO_COPY (no weights copied: the slots
+// handed to the consumers as they are), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -137,7 +138,6 @@ struct MkStage {
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
     int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
                         // (either way kept after), 0 not kept (mk_finish_kept)
-    int split;          // GEMV split along K (mk_split_w2): tiles a unit; 0: units of rows
     // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as (value, flag) pairs,
     // written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead of y (or x), with
     // its own flag; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
@@ -280,44 +280,13 @@ struct MkRing {
 // 4 there (one 16-byte load a step into the MMA's registers as they are). Rows past the unit's and
 // columns past the row are zeros; a partial column tile's steps past the row are not copied.
 __host__ __device__ __forceinline__ int mk_record_bytes(int gs) { return kMkTileBytes + kMkRows * mk_groups_a_row(gs) * 4; }
-
-// A stage split along K (MK_SPLIT_W2, mk_split_w2): its tiles are kMkTileBytes / gs rows of one
-// group's gs columns each (mk_split_rows), in group-major order (group 0's rows top to bottom,
-// then group 1's, ...), and unit u is tiles u * st.split .. + st.split - 1 of that order. Its
-// record: the tile's 16-row pieces in turn, each piece's gs / 32 MMA steps in the fragment order
-// above, then the rows' scales of the group (mk_split_rows of them).
-__host__ __device__ __forceinline__ int mk_split_rows(int gs) { return kMkTileBytes / gs; }
-__host__ __device__ __forceinline__ int mk_split_tiles_a_group(const MkStage &st) {
-    return (st.a.out[0].N + mk_split_rows(st.a.gs) - 1) / mk_split_rows(st.a.gs);
-}
-__host__ __device__ __forceinline__ int mk_split_tiles(const MkStage &st) { return st.a.groups * mk_split_tiles_a_group(st); }
-// Tile t of a unit: its group, first row and rows (the group's last tile ends at N).
-struct MkSplitTile {
-    int g, r0, rows;
-};
-__host__ __device__ __forceinline__ MkSplitTile mk_split_tile(const MkStage &st, int u, int t) {
-    const int rows = mk_split_rows(st.a.gs), per_group = mk_split_tiles_a_group(st), i = u * st.split + t;
-    MkSplitTile tile = {i / per_group, i % per_group * rows, 0};
-    tile.rows = st.a.out[0].N - tile.r0 < rows ? st.a.out[0].N - tile.r0 : rows;
-    return tile;
-}
-// Tiles of unit u (the last unit's run ends with the last group).
-__host__ __device__ __forceinline__ int mk_split_tiles_of(const MkStage &st, int u) {
-    const int left = mk_split_tiles(st) - u * st.split;
-    return left < st.split ? left : st.split;
-}
-
-__host__ __device__ __forceinline__ int mk_stage_record_bytes(const MkStage &st) {
-    return st.split ? kMkTileBytes + 4 * mk_split_rows(st.a.gs) : mk_record_bytes(st.a.gs);
-}
 __host__ __device__ __forceinline__ int mk_tiles_a_unit(const MkStage &st) {
-    if (st.split) return st.split;
     const int rows = (st.pair ? 2 : 1) * st.a.tma_rows;
     return (rows + kMkRows - 1) / kMkRows * ((st.a.stride + kMkCols - 1) / kMkCols);
 }
 // Where unit u's tile t's record starts in the stage's pack; unit st.units's first: the pack's size.
 __host__ __device__ __forceinline__ size_t mk_record_at(const MkStage &st, int u, int t) {
-    return ((size_t)u * mk_tiles_a_unit(st) + t) * mk_stage_record_bytes(st);
+    return ((size_t)u * mk_tiles_a_unit(st) + t) * mk_record_bytes(st.a.gs);
 }
 
 // Tile blockIdx.y of unit blockIdx.x of a linear stage into its record at dst.
@@ -347,37 +316,10 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     }
 }
 
-// Tile blockIdx.y of unit blockIdx.x of a stage split along K into its record at dst.
-__global__ void mk_pack_split_kernel(const MkStage st, unsigned char *dst) {
-    pdl_wait();   // the matrix: written by whatever ran before
-    const int u = blockIdx.x, t = blockIdx.y, gs = st.a.gs, steps = gs / 32, stride = st.a.stride;
-    if (t >= mk_split_tiles_of(st, u)) return;
-    const MkSplitTile tile = mk_split_tile(st, u, t);
-    const Q8Out &o = st.a.out[0];
-    unsigned char *rec = dst + mk_record_at(st, u, t);
-    for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
-        const int lane = i % 32, step = i / 32, piece = step / steps;
-        const int col = tile.g * gs + 32 * (step % steps) + 8 * (lane % 4);   // a multiple of 8: all in the row or none
-        uint2 h[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int row = tile.r0 + kMkRows * piece + lane / 4 + 8 * k;
-            h[k] = row < o.N && col < stride ? *reinterpret_cast<const uint2 *>(o.q + (size_t)row * stride + col) : make_uint2(0u, 0u);
-        }
-        *reinterpret_cast<uint4 *>(rec + 16 * i) = make_uint4(h[0].x, h[1].x, h[0].y, h[1].y);
-    }
-    float *scales = reinterpret_cast<float *>(rec + kMkTileBytes);
-    for (int e = threadIdx.x; e < mk_split_rows(gs); e += blockDim.x) {
-        const int row = tile.r0 + e;
-        scales[e] = row < o.N ? o.s[(size_t)row * st.a.groups + tile.g] : 0.0f;
-    }
-}
-
 // ---------------------------------------------------------------- the producer warp
 // The block's tiles of a step in order, every pipe's: where each one's record is.
 struct MkCursor {
     int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
-    int split = 0, first = 0, n = 0, gs = 0;   // a stage split along K: tiles a unit, the unit's first tile, N, gs
     const unsigned char *unit = nullptr;
     // To the next tile; false past the step's last.
     __device__ bool next(const MkParams &p) {
@@ -396,25 +338,13 @@ struct MkCursor {
         return true;
     }
     __device__ void at_unit(const MkStage &st) {
-        split = st.split, first = u * st.split, n = st.a.out[0].N, gs = st.a.gs;
-        if (split) {
-            tiles = mk_split_tiles_of(st, u);
-        } else {
-            const TmaBlock b = mk_unit(st, u);
-            tiles = b.tiles, col_tiles = b.col_tiles;
-        }
-        stride = st.a.stride, record = mk_stage_record_bytes(st);
+        const TmaBlock b = mk_unit(st, u);
+        tiles = b.tiles, col_tiles = b.col_tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
         unit = st.pack + mk_record_at(st, u, 0);
     }
     __device__ const unsigned char *weights() const { return unit + (size_t)t * record; }
     __device__ const unsigned char *scales() const { return weights() + kMkTileBytes; }
-    __device__ int weight_bytes() const {
-        if (split) {   // the 16-row pieces within N
-            const int rows = kMkTileBytes / gs, r0 = (first + t) % ceil_div_dev(n, rows) * rows;
-            return ceil_div_dev(min(rows, n - r0), kMkRows) * kMkRows * gs;
-        }
-        return ceil_div_dev(min(kMkCols, stride - t % col_tiles * kMkCols), 32) * kMkStepBytes;
-    }
+    __device__ int weight_bytes() const { return ceil_div_dev(min(kMkCols, stride - t % col_tiles * kMkCols), 32) * kMkStepBytes; }
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
@@ -931,137 +861,6 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     }
 }
 
-// ---------------------------------------------------------------- a stage split along K
-// (MK_SPLIT_W2, default on; 0 for the A/B): w2, whose x is the SwiGLU's output, each element
-// written by one unit of the stage right before. Split by rows, each of its units needed all of x,
-// so it began only after the last of those units (the slowest block of the step's largest stage)
-// and every block staged all of x; split along K, a unit's tiles are one or two groups' columns,
-// it waits for the elements of those groups alone (two or three writers), and its rows' partial
-// sums go into y by atomic adds (bench/NOTES.md 75). The residual stream is then counted, not
-// flagged or kept (mk_writes, mk_keep_residual), and the sums' order varies from step to step:
-// a result within rounding, not bit for bit the same each run.
-#ifndef MK_SPLIT_W2
-#define MK_SPLIT_W2 0
-#endif
-
-// y[0..3] += v, those of the four below n, by one vector atomic where all four are.
-__device__ __forceinline__ void mk_red4(float *y, float4 v, int n) {
-    if (n >= 4) {
-        asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(y), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                     : "memory");
-        return;
-    }
-    if (n > 0) atomicAdd(y, v.x);
-    if (n > 1) atomicAdd(y + 1, v.y);
-    if (n > 2) atomicAdd(y + 2, v.z);
-}
-
-// x's groups g0 .. g0 + ng - 1 as MkX (local columns from 0; gs <= 128, so that a group's largest
-// element is a warp's shuffles), flagged (st.ll_in) or after the wait. Ends with a barrier.
-__device__ void mk_split_x(const MkStage &st, const MkX &xs, int g0, int ng, unsigned flag) {
-    const int gs = st.a.gs, n = ng * gs, k0 = g0 * gs, K = st.a.K, lane = threadIdx.x % 32;
-    for (int base = 0; base < n; base += 4 * kMkConsumers) {
-        const int k = base + 4 * threadIdx.x;
-        float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (k < n && st.ll_in) {
-            MkFlagged4 f = mk_issue_x4(st.ll_in, k0 + k, K, flag);
-            for (;;) {
-                bool ready = true;
-#pragma unroll
-                for (int j = 0; j < 4; j++) ready = ready && mk_flag_is(f.w[j], flag);
-                if (ready) break;
-                if (MK_FLAG_BACKOFF) __nanosleep(MK_FLAG_BACKOFF);
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (!mk_flag_is(f.w[j], flag)) f.w[j] = mk_load_flagged(st.ll_in + k0 + k + j);
-            }
-            v = mk_values_x4(f);
-        } else if (k < n) {
-            v = mk_load_x4(st.a.x, k0 + k, K);
-        }
-        float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        for (int o = 1; o < gs / 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (k < n) {
-            const float u = MK_FAST_U ? m * (1.0f / 127.0f) : m / 127.0f;
-            if (lane % (gs / 4) == 0) xs.u[k / gs] = u;
-            mk_store_digits(xs, v, u, k);
-        }
-    }
-    consumer_sync();
-}
-
-// One tile of a split stage by this warp (the w-th of its pipe): its 16-row pieces w, w +
-// MK_GROUP_WARPS, ... times the group's digits (local group lg of xs), added into y.
-template <int kSteps>
-__device__ void mk_split_tile_math(const unsigned char *slot, const MkX &xs, const MkSplitTile &tile, int lg, int gs, const float f[2],
-                                   float *y, int n) {
-    constexpr int kPieces = kMkTileBytes / (32 * kSteps) / kMkRows / MK_GROUP_WARPS;   // pieces a warp at most
-    const int lane = threadIdx.x % 32, warp = threadIdx.x % kMkGroupThreads / 32, g = lane / 4, c = lane % 4;
-    const int8_t *digits = xs.d + (g < 3 ? g : 0) * xs.dpitch + lg * gs + 8 * c;
-    uint2 b[kSteps];
-#pragma unroll
-    for (int j = 0; j < kSteps; j++) b[j] = *reinterpret_cast<const uint2 *>(digits + 32 * j);
-    const float u = xs.u[lg];
-    const int pieces = ceil_div_dev(tile.rows, kMkRows);
-    float acc[kPieces][2];
-#pragma unroll
-    for (int i = 0; i < kPieces; i++) {   // all pieces' sums first: the atomics after do not hold up the loads
-        const int piece = warp + i * MK_GROUP_WARPS;
-        acc[i][0] = acc[i][1] = 0.0f;
-        if (piece >= pieces) continue;
-        int d[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int j = 0; j < kSteps; j++)
-            mk_imma(d, *reinterpret_cast<const uint4 *>(slot + (piece * kSteps + j) * kMkStepBytes + 16 * lane), b[j]);
-        const MkTile t = {nullptr, reinterpret_cast<const float *>(slot + kMkTileBytes) + kMkRows * piece, 1};
-        mk_group_sum<true>(acc[i], d, f, t, 0, u, g);
-    }
-#pragma unroll
-    for (int i = 0; i < kPieces; i++) {
-        const int piece = warp + i * MK_GROUP_WARPS;
-        if (piece >= pieces) break;   // alike for the warp's lanes
-#pragma unroll
-        for (int h = 0; h < 2; h++) {   // row g + 8h of the piece: lanes c = 0, 1 hold its digits' parts
-            const float v = acc[i][h] + __shfl_xor_sync(0xffffffffu, acc[i][h], 1);
-            const float4 four = {v, __shfl_down_sync(0xffffffffu, v, 4), __shfl_down_sync(0xffffffffu, v, 8),
-                                 __shfl_down_sync(0xffffffffu, v, 12)};
-            const int row = tile.r0 + kMkRows * piece + 8 * h + g;
-            if (c == 0 && g % 4 == 0) mk_red4(y + row, four, n - row);
-        }
-    }
-}
-
-// A split stage's units of this block (as mk_linear).
-__device__ void mk_linear_split(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
-                                unsigned epoch) {
-    const int pipe = threadIdx.x / kMkGroupThreads, lane = threadIdx.x % 32, c = lane % 4, stage = int(&st - p.stages);
-    const int gs = st.a.gs, n = st.a.out[0].N, slots = p.slots, slot_bytes = p.slot_bytes;
-    const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
-    float *y = st.a.out[0].y;
-    for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
-        const int tiles = mk_split_tiles_of(st, u), g0 = mk_split_tile(st, u, 0).g, ng = mk_split_tile(st, u, tiles - 1).g - g0 + 1;
-        MkX xs;
-        xs.dpitch = ng * gs + 32, xs.d = reinterpret_cast<int8_t *>(smem + p.slots * p.slot_bytes);
-        xs.u = reinterpret_cast<float *>(xs.d + 3 * xs.dpitch);
-        if (u != (int)blockIdx.x) consumer_sync();   // the last unit's tiles done with xs
-        mk_split_x(st, xs, g0, ng, mk_flag(p, epoch, st.ll_from));
-        mk_stamp(p, stage, 2);
-        for (int t = 0; t < tiles; t++, at.next(slots)) {
-            if (!at.mine(pipe)) continue;
-            const MkSplitTile tile = mk_split_tile(st, u, t);
-            const unsigned char *slot = smem + at.slot * slot_bytes;
-            mbar_wait(full + 8 * at.slot, at.round & 1);
-#ifndef MK_NO_MATH
-            if (gs == 32) mk_split_tile_math<1>(slot, xs, tile, tile.g - g0, gs, f, y, n);
-            else if (gs == 64) mk_split_tile_math<2>(slot, xs, tile, tile.g - g0, gs, f, y, n);
-            else mk_split_tile_math<4>(slot, xs, tile, tile.g - g0, gs, f, y, n);
-#endif
-            mbar_arrive(empty + 8 * at.slot);
-        }
-        mk_stamp(p, stage, 6);
-    }
-}
-
 __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
     const size_t row = (size_t)__ldcg(p.inputs + 1);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
@@ -1348,8 +1147,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             mk_stamp(p, s, 0);
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
-            if (st.kind == MK_GEMV && st.split) mk_linear_split(p, st, at, smem, full, empty, epoch);
-            else if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
+            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_flag(p, epoch, s));
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
@@ -1466,8 +1264,7 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
         MkStage &st = stages[s];
         if (st.kind != MK_GEMV) continue;
         st.pack = *pack + at;
-        if (st.split) launch(g, "mk_pack_split_kernel", mk_pack_split_kernel, dim3(st.units, st.split), dim3(256), 0, st, *pack + at);
-        else launch(g, "mk_pack_kernel", mk_pack_kernel, dim3(st.units, mk_tiles_a_unit(st)), dim3(256), 0, st, *pack + at);
+        launch(g, "mk_pack_kernel", mk_pack_kernel, dim3(st.units, mk_tiles_a_unit(st)), dim3(256), 0, st, *pack + at);
         at += mk_record_at(st, st.units, 0);
     }
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
@@ -1481,7 +1278,7 @@ static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
     for (int j = 0; j < 3; j++)
         if (t.a.out[j].y == x) {
             *len = t.a.out[j].N;
-            *can = !t.split && !t.a.rope.inputs && (t.pair || t.a.n_out == 1) && (!t.a.accumulate || t.keep);
+            *can = !t.a.rope.inputs && (t.pair || t.a.n_out == 1) && (!t.a.accumulate || t.keep);
             return true;
         }
     return false;
@@ -1503,7 +1300,7 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
     for (int s = 0; s < n; s++) {
         const MkStage &t = st[s];
         if (t.kind == MK_GEMV && t.a.accumulate) {
-            const bool same = !t.split && !t.pair && t.a.n_out == 1 && t.a.out[0].y == y && !t.a.rope.inputs && t.units == first->units &&
+            const bool same = !t.pair && t.a.n_out == 1 && t.a.out[0].y == y && !t.a.rope.inputs && t.units == first->units &&
                               t.a.tma_rows == first->a.tma_rows && t.units <= blocks && t.a.tma_rows <= 2 * kMkConsumers;
             if (!same) return 0;
             continue;
@@ -1568,27 +1365,6 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs) {
     return n_bufs;
 }
 
-// Which linear stages go split along K (MK_SPLIT_W2): one of one output adding to it, no norm or
-// RoPE, whose x is the SwiGLU output of the stage right before, in groups of 32, 64 or 128; its
-// units as many as the grid's blocks at most. Returns the largest record of a split stage (0: none).
-static int mk_split_w2(MkStage *st, int n, int blocks) {
-    int record = 0;
-    for (int s = 1; MK_SPLIT_W2 && s < n; s++) {
-        MkStage &t = st[s];
-        const MkStage &before = st[s - 1];
-        const bool fits = t.kind == MK_GEMV && !t.pair && !t.norm && t.a.n_out == 1 && t.a.accumulate && !t.a.rope.inputs &&
-                          before.kind == MK_GEMV && before.pair && before.a.out[0].y == t.a.x &&
-                          (t.a.gs == 32 || t.a.gs == 64 || t.a.gs == 128) && kMkTileBytes % (kMkRows * t.a.gs) == 0 &&
-                          reinterpret_cast<uintptr_t>(t.a.out[0].y) % 16 == 0;
-        if (!fits) continue;
-        t.split = ceil_div_i(mk_split_tiles(t), blocks);
-        t.units = ceil_div_i(mk_split_tiles(t), t.split);
-        const int bytes = mk_stage_record_bytes(t);
-        record = bytes > record ? bytes : record;
-    }
-    return record;
-}
-
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1628,8 +1404,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             c->kind = MK_COMBINE, c->out = m->out;
         }
     }
-    const int split_record = mk_split_w2(host, count, blocks);
-    p.slot_bytes = split_record > p.slot_bytes ? split_record : p.slot_bytes;
     p.keep_floats = mk_keep_residual(host, count, blocks);
     p.scratch_bytes = round_up(p.scratch_bytes, 128);
     p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
