@@ -1,6 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74 and 75 have each design step and
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75 and 76 have each design step and
 // where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
@@ -10,7 +10,7 @@
 //                                   MMA fragment layout the ring takes them (a tile: one copy)
 //   mk_keep_residual, mk_flags      the schedule's hand-overs, set on the host: the residual
 //                                   stream's rows a block keeps; the activations that go over
-//                                   as (value, flag) words instead of through counters
+//                                   as tagged pairs of values instead of through counters
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
 //
 // The weights of a step do not depend on its activations, only the arithmetic does. So each
@@ -40,8 +40,9 @@
 // Memory: activations written by other SMs during the kernel are read through L2 (ld.global.cg:
 // __ldcg), never through L1, which is not coherent; a stage's writes are published by a barrier of
 // the block's consumers, then one thread's release add to the stage's counter (and read after an
-// acquire load of the counter and a barrier); a flagged element is its value and its writer's
-// flag in one 8-byte word, stored and loaded by single-copy atomic accesses at gpu scope.
+// acquire load of the counter and a barrier); flagged elements go two to an 8-byte word with
+// their writer's tag in their low bits (mk_store_pair), stored and loaded by single-copy atomic
+// accesses at gpu scope.
 //
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
@@ -110,7 +111,7 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #endif
 // Flagged x (MK_FLAGS, mk_flags): a thread sleeps MK_FLAG_BACKOFF ns before it loads again the
 // elements not yet there (without, 132 blocks' polls slowed the small models: bench/NOTES.md 63),
-// and holds at most MK_FLAGGED_QUADS of them a batch (twice a float4's registers each).
+// and holds at most MK_FLAGGED_QUADS of them a batch (two 8-byte words each).
 #ifndef MK_FLAG_BACKOFF
 #define MK_FLAG_BACKOFF 400
 #endif
@@ -138,11 +139,15 @@ struct MkStage {
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
     int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
                         // (either way kept after), 0 not kept (mk_finish_kept)
-    // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as (value, flag) pairs,
-    // written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead of y (or x), with
-    // its own flag; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
+    // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as tagged pairs
+    // (mk_store_pair), written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead
+    // of y (or x), tagged; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
+    // Their writes' places in their buffers' writes of a step (ll_seq_*), and how many writes each
+    // buffer has a step (ll_writes_*): the tags (mk_tag).
     uint2 *ll_in, *ll_out;
     int ll_from, ll_prev;
+    int ll_seq_in, ll_seq_out, ll_seq_prev, ll_writes_in, ll_writes_out;
+    int ll_counted;     // GEMV with ll_in: waits for the stage before's count as well (mk_tags_reach)
     int wait, count;    // whether it waits for the stage before it; whether its units are counted
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
@@ -159,7 +164,7 @@ struct MkParams {
     const MkStage *stages;
     int n_stages;
     unsigned *counters;    // (n_stages + 2): units done per stage, then blocks finished (zero between steps),
-                           // then the step's epoch (mk_flag)
+                           // then the step's epoch (mk_tag)
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
@@ -412,53 +417,62 @@ __device__ __forceinline__ float4 mk_load_x4(const float *x, int k, int K) {
     return v;
 }
 
-// A value handed over with its writer's flag in one 8-byte word (single-copy atomic): a reader
-// that sees the flag it expects sees the value written with it, without a fence or a counter.
-__device__ __forceinline__ void mk_store_flagged(uint2 *at, float v, unsigned flag) {
-    const unsigned long long w = (unsigned long long)flag << 32 | __float_as_uint(v);
-    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(w) : "memory");
+// Values handed over flagged, two to an 8-byte word (single-copy atomic): elements 2i and 2i + 1
+// of a buffer in word i, each value's two low mantissa bits carrying half of its writer's 4-bit
+// tag, so that a reader that sees the tag it expects in both halves sees the two values written
+// with it, without a fence or a counter. A value so loses its two lowest bits (3 ulp at most),
+// and a tag tells a write only from the 15 before it in the same buffer: the host flags a buffer
+// only where every block reads it within 15 writes of what it saw before, or after a count
+// (mk_tags_reach). Two values a word where a (value, flag) word once held one: half the bytes
+// each x staged reads through L2.
+__device__ __forceinline__ void mk_store_pair(uint2 *at, float a, float b, unsigned tag) {
+    const unsigned long long lo = (__float_as_uint(a) & ~3u) | (tag & 3u), hi = (__float_as_uint(b) & ~3u) | (tag >> 2);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(hi << 32 | lo) : "memory");
 }
-__device__ __forceinline__ unsigned long long mk_load_flagged(const uint2 *at) {
+__device__ __forceinline__ unsigned long long mk_load_pair(const uint2 *at) {
     unsigned long long w;
     asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(at));
     return w;
 }
-__device__ __forceinline__ bool mk_flag_is(unsigned long long w, unsigned flag) { return (unsigned)(w >> 32) == flag; }
-// The value of w once its flag is `flag`: loaded again from `at` until it is.
-__device__ __forceinline__ float mk_settle(unsigned long long w, const uint2 *at, unsigned flag) {
-    while (!mk_flag_is(w, flag)) w = mk_load_flagged(at);
-    return __uint_as_float((unsigned)w);
+__device__ __forceinline__ bool mk_tag_is(unsigned long long w, unsigned tag) {
+    return (((unsigned)w & 3u) | ((unsigned)(w >> 32) & 3u) << 2) == tag;
 }
-// Stage s's flag in the step of this epoch (p.counters[n_stages + 1], one more each step): a
-// different one for every stage of every step (until the count wraps around 2^32).
-__device__ __forceinline__ unsigned mk_flag(const MkParams &p, unsigned epoch, int s) {
-    return epoch * (unsigned)p.n_stages + (unsigned)s + 1u;
+__device__ __forceinline__ float mk_lo(unsigned long long w) { return __uint_as_float((unsigned)w); }
+__device__ __forceinline__ float mk_hi(unsigned long long w) { return __uint_as_float((unsigned)(w >> 32)); }
+// w once its tag is `tag`: loaded again from `at` until it is.
+__device__ __forceinline__ unsigned long long mk_settle(unsigned long long w, const uint2 *at, unsigned tag) {
+    while (!mk_tag_is(w, tag)) w = mk_load_pair(at);
+    return w;
 }
-// Four flagged elements of x from k (past K: flagged zeros), loaded by mk_issue_x4 with all of a
-// batch in flight at once; those whose flags are not yet the stage's are loaded again, together
-// (mk_stage_x).
+// The tag of write `seq` of a buffer written `writes` times a step, in the step of this epoch
+// (p.counters[n_stages + 1], one more each step): the buffer's writes counted from its zeros
+// before the first (write -1, tag 0), modulo 16.
+__device__ __forceinline__ unsigned mk_tag(unsigned epoch, int writes, int seq) { return (epoch * (unsigned)writes + (unsigned)seq + 1u) & 15u; }
+// Four flagged elements of x from k (k a multiple of 4: two words), loaded by mk_issue_x4 with
+// all of a batch in flight at once; words whose tags are not yet the stage's are loaded again,
+// together (mk_stage_x).
 struct MkFlagged4 {
-    unsigned long long w[4];
+    unsigned long long w[2];
 };
-// Two flagged elements by one 16-byte load: each 8-byte element of a vector access is a scalar
-// access of its own (single-copy atomic), which is all a flag needs.
-__device__ __forceinline__ void mk_load_flagged2(const uint2 *at, unsigned long long &a, unsigned long long &b) {
+// Two words by one 16-byte load: each 8-byte element of a vector access is a scalar access of its
+// own (single-copy atomic), which is all a tag needs.
+__device__ __forceinline__ void mk_load_pair2(const uint2 *at, unsigned long long &a, unsigned long long &b) {
     asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(at));
 }
-__device__ __forceinline__ MkFlagged4 mk_issue_x4(const uint2 *x, int k, int K, unsigned flag) {
+__device__ __forceinline__ MkFlagged4 mk_issue_x4(const uint2 *x, int k, int K, unsigned tag) {
     MkFlagged4 f;
     if (k + 4 <= K) {
-        mk_load_flagged2(x + k, f.w[0], f.w[1]);
-        mk_load_flagged2(x + k + 2, f.w[2], f.w[3]);
+        mk_load_pair2(x + k / 2, f.w[0], f.w[1]);
         return f;
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) f.w[i] = k + i < K ? mk_load_flagged(x + k + i) : (unsigned long long)flag << 32;
+    for (int i = 0; i < 2; i++) f.w[i] = k + 2 * i < K ? mk_load_pair(x + k / 2 + i) : (unsigned long long)(tag >> 2) << 32 | (tag & 3u);
     return f;
 }
-__device__ __forceinline__ float4 mk_values_x4(const MkFlagged4 &f) {
-    return make_float4(__uint_as_float((unsigned)f.w[0]), __uint_as_float((unsigned)f.w[1]), __uint_as_float((unsigned)f.w[2]),
-                       __uint_as_float((unsigned)f.w[3]));
+// The four values (zero past K: a word's second value past an odd K is its writer's padding).
+__device__ __forceinline__ float4 mk_values_x4(const MkFlagged4 &f, int k, int K) {
+    return make_float4(k < K ? mk_lo(f.w[0]) : 0.0f, k + 1 < K ? mk_hi(f.w[0]) : 0.0f, k + 2 < K ? mk_lo(f.w[1]) : 0.0f,
+                       k + 3 < K ? mk_hi(f.w[1]) : 0.0f);
 }
 
 // Integers and floats converted by adds, without the conversion instructions (F2I, I2F, FRND),
@@ -520,7 +534,7 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
 // largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
 // with a barrier.
 template <bool norm, bool flagged, int kMkXQuads>
-__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned flag) {
+__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
     const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
@@ -530,7 +544,7 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
 #pragma unroll
         for (int i = 0; i < kMkXQuads; i++) {
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
-            if (flagged) f[i] = mk_issue_x4(xf, k, K, flag);
+            if (flagged) f[i] = mk_issue_x4(xf, k, K, tag);
             else v[i] = mk_load_x4(a.x, k, K);
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
@@ -539,17 +553,17 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
 #pragma unroll
             for (int i = 0; i < (flagged ? kMkXQuads : 0); i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) ready = ready && mk_flag_is(f[i].w[j], flag);
+                for (int j = 0; j < 2; j++) ready = ready && mk_tag_is(f[i].w[j], tag);
             if (ready) break;
             if (MK_FLAG_BACKOFF) __nanosleep(MK_FLAG_BACKOFF);
 #pragma unroll
             for (int i = 0; i < (flagged ? kMkXQuads : 0); i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (!mk_flag_is(f[i].w[j], flag)) f[i].w[j] = mk_load_flagged(xf + base + 4 * (threadIdx.x + i * kMkConsumers) + j);
+                for (int j = 0; j < 2; j++)
+                    if (!mk_tag_is(f[i].w[j], tag)) f[i].w[j] = mk_load_pair(xf + (base + 4 * (threadIdx.x + i * kMkConsumers)) / 2 + j);
         }
 #pragma unroll
-        for (int i = 0; i < (flagged ? kMkXQuads : 0); i++) v[i] = mk_values_x4(f[i]);
+        for (int i = 0; i < (flagged ? kMkXQuads : 0); i++) v[i] = mk_values_x4(f[i], base + 4 * (threadIdx.x + i * kMkConsumers), K);
         if (base == 0) mk_stamp_after(p, stage, 4, v[0].x);
         // The largest |x| of each 16 (a lane's 4, then 4 lanes'), every quad's chain side by side
         // (no exit from the unrolled loops: rounds past xpad, alike for every thread, are skipped
@@ -603,17 +617,17 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
 
 // mk_stage_x with a thread's float4 a batch for this x (MK_X_QUADS, MK_X_FIT).
 template <bool norm, bool flagged>
-__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned flag) {
+__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     const int need = ceil_div_dev(xs.xpad, 4 * kMkConsumers);
-    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, flag);
-    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, flag);
+    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag);
+    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, tag);
     constexpr int kMost = MK_X_QUADS > 8 ? MK_X_QUADS : 8;
-    if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMost) return mk_stage_x<norm, flagged, kMost>(p, stage, xs, red, a, xf, flag);
-    return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, flag);
+    if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMost) return mk_stage_x<norm, flagged, kMost>(p, stage, xs, red, a, xf, tag);
+    return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, tag);
 }
 // x of stage st: flagged (st.ll_in) or through its counter's wait, with or without a norm.
 __device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch) {
-    const unsigned flag = mk_flag(p, epoch, st.ll_from);
+    const unsigned flag = mk_tag(epoch, st.ll_writes_in, st.ll_seq_in);
     if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true>(p, stage, xs, red, st.a, st.ll_in, flag)
                                  : mk_stage_x_fit<false, true>(p, stage, xs, red, st.a, st.ll_in, flag);
     return st.norm ? mk_stage_x_fit<true, false>(p, stage, xs, red, st.a, nullptr, 0)
@@ -774,34 +788,52 @@ __device__ MkTurn mk_turn(const MkParams &p, int pos) {
 #ifndef MK_KEEP_RESIDUAL
 #define MK_KEEP_RESIDUAL 1
 #endif
-// With st.ll_out the rows are handed over flagged (flag; the first stage's values from before
-// carry the flag prev).
-__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms, unsigned flag,
+// With st.ll_out the rows are handed over flagged (tag; the first stage's values from before
+// carry the tag prev), a pair a word (b.lrow0 is even).
+__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms, unsigned tag,
                                unsigned prev) {
     const int l = 2 * threadIdx.x;   // one pair a thread: the host keeps at most 2 kMkConsumers rows
+    if (l >= b.lrows) return;
     float *y = st.a.out[b.j].y + b.lrow0;
-    uint2 *yf = st.ll_out + b.lrow0;
+    uint2 *yf = st.ll_out + (b.lrow0 + l) / 2;
+    float v[2] = {0.0f, 0.0f};
+    if (st.keep == 2) {
+        v[0] = keep[l], v[1] = keep[l + 1];
+    } else if (st.ll_out) {
+        const unsigned long long w = mk_settle(mk_load_pair(yf), yf, prev);
+        v[0] = mk_lo(w), v[1] = mk_hi(w);
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        if (l + r >= b.lrows) break;
-        const float sum = warps_row_sum(sums, kMkConsumerWarps, b.prows, l + r);
-        float v = st.keep == 2 ? keep[l + r] : st.ll_out ? mk_settle(mk_load_flagged(yf + l + r), yf + l + r, prev) : __ldcg(y + l + r);
-        v += finish_output(sum, 0.0f, inv_rms, false);
-        if (st.ll_out) mk_store_flagged(yf + l + r, v, flag);
-        else y[l + r] = v;
-        keep[l + r] = v;
+        if (l + r >= b.lrows) {
+            v[r] = 0.0f;   // the word's padding past N
+            continue;
+        }
+        if (st.keep != 2 && !st.ll_out) v[r] = __ldcg(y + l + r);
+        v[r] += finish_output(warps_row_sum(sums, kMkConsumerWarps, b.prows, l + r), 0.0f, inv_rms, false);
+        if (!st.ll_out) y[l + r] = v[r];
+        keep[l + r] = v[r];
     }
+    if (st.ll_out) mk_store_pair(yf, v[0], v[1], tag);
 }
 
 // A unit's rows handed over flagged (st.ll_out; outputs without RoPE or a residual add): the same
-// operations as finish_block_rows with store_rows, a row a thread.
-__device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, unsigned flag) {
+// operations as finish_block_rows with store_rows, a row a thread (two a thread doubled the
+// finish's chain of shared-memory sums: bench/NOTES.md 75); an even lane stores its row and the
+// next lane's as a word (b.lrow0 is even).
+__device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, unsigned tag) {
     const bool pair = st.pair != 0;
-    for (int l = threadIdx.x; l < b.lrows; l += kMkConsumers) {
-        const int p = pair ? 2 * l : l;
-        const float s0 = warps_row_sum(sums, kMkConsumerWarps, b.prows, p);
-        const float s1 = pair ? warps_row_sum(sums, kMkConsumerWarps, b.prows, p + 1) : 0.0f;
-        mk_store_flagged(st.ll_out + b.lrow0 + l, finish_output(s0, s1, inv_rms, pair), flag);
+    for (int base = 0; base < b.lrows; base += kMkConsumers) {   // alike for every thread: whole warps at the shuffle
+        const int l = base + threadIdx.x;
+        float v = 0.0f;   // past the unit's rows: the word's padding
+        if (l < b.lrows) {
+            const int p = pair ? 2 * l : l;
+            const float s0 = warps_row_sum(sums, kMkConsumerWarps, b.prows, p);
+            const float s1 = pair ? warps_row_sum(sums, kMkConsumerWarps, b.prows, p + 1) : 0.0f;
+            v = finish_output(s0, s1, inv_rms, pair);
+        }
+        const float next = __shfl_down_sync(0xffffffffu, v, 1);
+        if (l < b.lrows && l % 2 == 0) mk_store_pair(st.ll_out + (b.lrow0 + l) / 2, v, next, tag);
     }
 }
 
@@ -847,9 +879,10 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         mk_stamp(p, stage, 6);
 #ifndef MK_NO_FINISH   // (a measurement build: nothing stored; only with MK_FLAGS=0, or it waits forever)
         if (st.keep)
-            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms, mk_flag(p, epoch, stage), mk_flag(p, epoch, st.ll_prev));
+            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out),
+                           mk_tag(epoch, st.ll_writes_out, st.ll_seq_prev));
         else if (st.ll_out)
-            mk_finish_flagged(st, b, sums, inv_rms, mk_flag(p, epoch, stage));
+            mk_finish_flagged(st, b, sums, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
         else
             finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
                               turn.pos);
@@ -861,14 +894,24 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     }
 }
 
-__device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned flag) {
+// Element j of the embedding's row (zero past dim).
+__device__ __forceinline__ float mk_embed_at(const MkStage &st, size_t row, int j) {
+    if (j >= st.dim) return 0.0f;
+    return st.ef ? st.ef[row * st.estride + j] : st.eq[row * st.estride + j] * st.es[row * st.egroups + j / st.egs];
+}
+// Two elements a thread (a word when flagged).
+__device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned tag) {
     const size_t row = (size_t)__ldcg(p.inputs + 1);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
-        const int j = u * kMkConsumers + threadIdx.x;
+        const int j = 2 * (u * kMkConsumers + threadIdx.x);
         if (j >= st.dim) continue;
-        const float v = st.ef ? st.ef[row * st.estride + j] : st.eq[row * st.estride + j] * st.es[row * st.egroups + j / st.egs];
-        if (st.ll_out) mk_store_flagged(st.ll_out + j, v, flag);
-        else st.x[j] = v;
+        const float v0 = mk_embed_at(st, row, j), v1 = mk_embed_at(st, row, j + 1);
+        if (st.ll_out) {
+            mk_store_pair(st.ll_out + j / 2, v0, v1, tag);
+        } else {
+            st.x[j] = v0;
+            if (j + 1 < st.dim) st.x[j + 1] = v1;
+        }
     }
 }
 
@@ -1148,7 +1191,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
             if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
-            else if (st.kind == MK_EMBED) mk_embed(p, st, mk_flag(p, epoch, s));
+            else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
@@ -1316,13 +1359,14 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 
 // Hand-overs with flags (MK_FLAGS, default on; bench/NOTES.md 63). Where a linear stage's x is
 // written whole by the stage right before it (the residual stream by the output projection, w2 or
-// the embedding; the SwiGLU's output by w1/w3), its elements go over as (value, flag) pairs: the
+// the embedding; the SwiGLU's output by w1/w3), its elements go over tagged (mk_store_pair): the
 // stage reads x as soon as each element is there instead of after the stage before has counted
 // (a fence, an atomic and a poll: round trips to L2 behind the weights' stream), and the stage
 // before does not count. A buffer goes over flagged only if every stage that writes it can (the
 // embedding; a linear stage without RoPE of one output or the pair; a kept residual add) and
-// writes all of it, only linear stages read it, and none before the step's first write. Each such
-// buffer gets a flagged copy (bufs, at most kMkFlagBufs); stages' wait and count are set.
+// writes all of it, only linear stages read it, none before the step's first write, and its tags
+// reach (mk_tags_reach). Each such buffer gets a flagged copy (bufs, at most kMkFlagBufs);
+// stages' wait and count are set.
 #ifndef MK_FLAGS
 #define MK_FLAGS 1
 #endif
@@ -1342,25 +1386,77 @@ static bool mk_flaggable(const MkStage *st, int n, const float *x, int len) {
     }
     return true;
 }
-static int mk_flags(MkStage *st, int n, uint2 **bufs) {
-    int n_bufs = 0;
+// Whether the 4-bit tags of buffer buf tell every block's reads apart: each block's read of it
+// (x staged, or a kept add's first rows) at most 15 writes after the last write it saw all of (x
+// staged: every word) or, for its kept rows, wrote itself. A step is a launch, so at its start a
+// block has seen all of the step before's writes (before the first step, the buffer's zeros:
+// write -1). A block reads in the stages where it has a unit, which the schedule fixes, and its
+// reads are ordered by its barriers and its own stores, so that none sees an older write of a word
+// than one the block saw or made before. A stage whose reads would be out of reach but whose x is
+// written by the stage right before it (the classifier, in blocks with no unit in any stage that
+// reads x before it) waits for that stage's count as well (ll_counted), after which its reads see
+// that write.
+static bool mk_tags_reach(MkStage *st, int n, const uint2 *buf, int blocks) {
+    for (int b = 0; b < blocks; b++) {
+        long long seen = -1, own = -1;   // own: the block's last write of its kept rows, which its own reads see
+        for (int s = 0; s < n; s++) {
+            MkStage &t = st[s];
+            const bool reads = t.ll_in == buf, reads_prev = t.ll_out == buf && t.keep == 1;
+            if (t.kind != MK_GEMV || b >= t.units) continue;
+            if (reads || reads_prev) {
+                const long long want = reads ? t.ll_seq_in : t.ll_seq_prev;
+                const long long base = reads ? seen : (seen > own ? seen : own);
+                const bool reach = want >= base && want - base <= 15;
+                if (!reach && !(reads && t.ll_from == s - 1)) return false;
+                if (!reach) t.ll_counted = 1;
+                if (reads) seen = want;
+            }
+            if (t.ll_out == buf && t.keep) own = t.ll_seq_out;
+        }
+    }
+    return true;
+}
+static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
+    int n_bufs = 0, n_refused = 0;
+    const float *refused[kMkFlagBufs];
     for (int s = 0; s < n; s++) st[s].wait = st[s].count = 1;
-    for (int r = 0; MK_FLAGS && r < n && n_bufs < kMkFlagBufs; r++) {
+    for (int r = 0; MK_FLAGS && r < n && n_bufs < kMkFlagBufs && n_refused < kMkFlagBufs; r++) {
         const float *x = st[r].a.x;
-        if (st[r].kind != MK_GEMV || st[r].ll_in || !mk_flaggable(st, n, x, st[r].a.K)) continue;
+        bool tried = false;
+        for (int i = 0; i < n_refused; i++) tried = tried || refused[i] == x;
+        if (st[r].kind != MK_GEMV || st[r].ll_in || tried || !mk_flaggable(st, n, x, st[r].a.K)) continue;
         uint2 *buf = NULL;
-        CUDA_CHECK(cudaMalloc(&buf, (size_t)st[r].a.K * sizeof(uint2)));
-        CUDA_CHECK(cudaMemset(buf, 0, (size_t)st[r].a.K * sizeof(uint2)));   // flag 0: no step's
-        bufs[n_bufs++] = buf;
+        const size_t words = ((size_t)st[r].a.K + 1) / 2;
+        CUDA_CHECK(cudaMalloc(&buf, words * sizeof(uint2)));
+        CUDA_CHECK(cudaMemset(buf, 0, words * sizeof(uint2)));   // tag 0: write -1's
+        int writes = 0;
         for (int s = 0, last = -1; s < n; s++) {
             int wlen = 0;
             bool can = false;
-            if (st[s].kind == MK_GEMV && st[s].a.x == x) st[s].ll_in = buf, st[s].ll_from = last;
-            if (mk_writes(st[s], x, &wlen, &can)) st[s].ll_out = buf, st[s].ll_prev = last, last = s;
+            if (st[s].kind == MK_GEMV && st[s].a.x == x) st[s].ll_in = buf, st[s].ll_from = last, st[s].ll_seq_in = writes - 1;
+            if (mk_writes(st[s], x, &wlen, &can)) {
+                st[s].ll_out = buf, st[s].ll_prev = last, st[s].ll_seq_prev = writes - 1, st[s].ll_seq_out = writes++;
+                last = s;
+            }
         }
+        for (int s = 0; s < n; s++) {
+            if (st[s].ll_in == buf) st[s].ll_writes_in = writes;
+            if (st[s].ll_out == buf) st[s].ll_writes_out = writes;
+        }
+        const bool reach = mk_tags_reach(st, n, buf, blocks);
+        if (reach) {
+            bufs[n_bufs++] = buf;
+            continue;
+        }
+        for (int s = 0; s < n; s++) {   // counted instead
+            if (st[s].ll_in == buf) st[s].ll_in = NULL, st[s].ll_counted = 0;
+            if (st[s].ll_out == buf) st[s].ll_out = NULL;
+        }
+        CUDA_CHECK(cudaFree(buf));
+        refused[n_refused++] = x;
     }
     for (int s = 0; s < n; s++)
-        if (st[s].ll_in && st[s].ll_from == s - 1) st[s].wait = 0;
+        if (st[s].ll_in && st[s].ll_from == s - 1 && !st[s].ll_counted) st[s].wait = 0;
     for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;
     return n_bufs;
 }
@@ -1395,7 +1491,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             p.slot_bytes = slot_bytes > p.slot_bytes ? slot_bytes : p.slot_bytes;
         } else if (m->kind == MEGA_EMBED) {
             const Mat *e = m->embedding;
-            st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, kMkConsumers);
+            st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, 2 * kMkConsumers);
             st->eq = e->q, st->es = e->s, st->ef = e->f, st->estride = e->stride, st->egroups = e->groups, st->egs = e->gs;
             st->dim = e->cols, st->x = m->x;
         } else {   // attention, then its combine step
@@ -1427,7 +1523,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         return NULL;
     }
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
-    mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs);
+    mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
