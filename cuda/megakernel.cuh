@@ -141,11 +141,11 @@ struct MkStage {
                         // (either way kept after), 0 not kept (mk_finish_kept)
     // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as tagged pairs
     // (mk_store_pair), written by stage ll_from; ll_out (GEMV, EMBED): where its output goes instead
-    // of y (or x), tagged; ll_prev: the stage whose values of ll_out a keep == 1 stage reads first.
-    // Their writes' places in their buffers' writes of a step (ll_seq_*), and how many writes each
+    // of y (or x), tagged. Their writes' places in their buffers' writes of a step (ll_seq_*; prev:
+    // the write whose values of ll_out a keep == 1 stage reads first), and how many writes each
     // buffer has a step (ll_writes_*): the tags (mk_tag).
     uint2 *ll_in, *ll_out;
-    int ll_from, ll_prev;
+    int ll_from;
     int ll_seq_in, ll_seq_out, ll_seq_prev, ll_writes_in, ll_writes_out;
     int ll_counted;     // GEMV with ll_in: waits for the stage before's count as well (mk_tags_reach)
     int wait, count;    // whether it waits for the stage before it; whether its units are counted
@@ -627,9 +627,9 @@ __device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, flo
 }
 // x of stage st: flagged (st.ll_in) or through its counter's wait, with or without a norm.
 __device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch) {
-    const unsigned flag = mk_tag(epoch, st.ll_writes_in, st.ll_seq_in);
-    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true>(p, stage, xs, red, st.a, st.ll_in, flag)
-                                 : mk_stage_x_fit<false, true>(p, stage, xs, red, st.a, st.ll_in, flag);
+    const unsigned tag = mk_tag(epoch, st.ll_writes_in, st.ll_seq_in);
+    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true>(p, stage, xs, red, st.a, st.ll_in, tag)
+                                 : mk_stage_x_fit<false, true>(p, stage, xs, red, st.a, st.ll_in, tag);
     return st.norm ? mk_stage_x_fit<true, false>(p, stage, xs, red, st.a, nullptr, 0)
                    : mk_stage_x_fit<false, false>(p, stage, xs, red, st.a, nullptr, 0);
 }
@@ -1435,7 +1435,7 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
             bool can = false;
             if (st[s].kind == MK_GEMV && st[s].a.x == x) st[s].ll_in = buf, st[s].ll_from = last, st[s].ll_seq_in = writes - 1;
             if (mk_writes(st[s], x, &wlen, &can)) {
-                st[s].ll_out = buf, st[s].ll_prev = last, st[s].ll_seq_prev = writes - 1, st[s].ll_seq_out = writes++;
+                st[s].ll_out = buf, st[s].ll_seq_prev = writes - 1, st[s].ll_seq_out = writes++;
                 last = s;
             }
         }
@@ -1443,8 +1443,7 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
             if (st[s].ll_in == buf) st[s].ll_writes_in = writes;
             if (st[s].ll_out == buf) st[s].ll_writes_out = writes;
         }
-        const bool reach = mk_tags_reach(st, n, buf, blocks);
-        if (reach) {
+        if (mk_tags_reach(st, n, buf, blocks)) {
             bufs[n_bufs++] = buf;
             continue;
         }
