@@ -1216,6 +1216,29 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     }
 }
 
+// Registers moved from the producers to the consumers (MK_REGS, default on; sm_90a's setmaxnreg,
+// a warpgroup at a time; bench/NOTES.md 81): the producer warpgroup keeps kMkProducerRegs a thread
+// and the consumer warpgroups take the rest of the block's, kMkRegs a thread, where the launch
+// gives every thread the same share of the SM's register file, kMkLaunchRegs (at which the
+// consumers' code spilled). A consumer's setmaxnreg.inc waits until the producers' registers are
+// back in the block's pool: the host checks that the kernel was compiled to kMkLaunchRegs, so that
+// the pool holds them all (gpu_mega_create).
+#ifndef MK_REGS
+#define MK_REGS 1
+#endif
+constexpr int kMkProducerRegs = 40, kMkLaunchRegs = 65536 / kMkThreads / 8 * 8;
+constexpr int kMkRegs = MK_REGS && kMkBlocksPerSm == 1 && kMkConsumers % 128 == 0 && kMkThreads - kMkConsumers == 128
+                            ? ((kMkLaunchRegs * kMkThreads - kMkProducerRegs * 128) / kMkConsumers) / 8 * 8 : 0;
+__device__ __forceinline__ void mk_give_registers() {   // by the producer warpgroup
+#if WG_SM90A
+    if (kMkRegs) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kMkProducerRegs));
+#endif
+}
+__device__ __forceinline__ void mk_take_registers() {   // by each consumer warpgroup
+#if WG_SM90A
+    if (kMkRegs) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kMkRegs));
+#endif
+}
 template <typename KV>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
@@ -1228,8 +1251,10 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
+        mk_give_registers();
         mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
     } else {
+        mk_take_registers();
         mk_consume<KV>(p, mk_smem, full, empty, red);
     }
     pdl_release();
@@ -1519,6 +1544,13 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     if (per_sm < kMkBlocksPerSm) {
         free(host), free(mg);
         snprintf(why, ERR_LEN, "a block of %zu bytes of shared memory does not fit an SM", mk_smem_bytes(p));
+        return NULL;
+    }
+    cudaFuncAttributes attr = {};
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    if (kMkRegs && attr.numRegs * kMkThreads < kMkRegs * kMkConsumers + kMkProducerRegs * (kMkThreads - kMkConsumers)) {
+        free(host), free(mg);   // the consumers would wait for registers the block does not have
+        snprintf(why, ERR_LEN, "it was compiled to %d registers a thread, too few to give its consumers %d", attr.numRegs, kMkRegs);
         return NULL;
     }
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
