@@ -1226,9 +1226,10 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
 #ifndef MK_REGS
 #define MK_REGS 1
 #endif
+constexpr int kMkProducerThreads = kMkThreads - kMkConsumers;   // setmaxnreg: one warpgroup, after the consumers'
 constexpr int kMkProducerRegs = 40, kMkLaunchRegs = 65536 / kMkThreads / 8 * 8;
-constexpr int kMkRegs = MK_REGS && kMkBlocksPerSm == 1 && kMkConsumers % 128 == 0 && kMkThreads - kMkConsumers == 128
-                            ? ((kMkLaunchRegs * kMkThreads - kMkProducerRegs * 128) / kMkConsumers) / 8 * 8 : 0;
+constexpr int kMkRegs = MK_REGS && kMkBlocksPerSm == 1 && kMkConsumers % 128 == 0 && kMkProducerThreads == 128
+                            ? ((kMkLaunchRegs * kMkThreads - kMkProducerRegs * kMkProducerThreads) / kMkConsumers) / 8 * 8 : 0;
 __device__ __forceinline__ void mk_give_registers() {   // by the producer warpgroup
 #if WG_SM90A
     if (kMkRegs) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kMkProducerRegs));
@@ -1548,7 +1549,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     }
     cudaFuncAttributes attr = {};
     CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    if (kMkRegs && attr.numRegs * kMkThreads < kMkRegs * kMkConsumers + kMkProducerRegs * (kMkThreads - kMkConsumers)) {
+    if (kMkRegs && attr.numRegs * kMkThreads < kMkRegs * kMkConsumers + kMkProducerRegs * kMkProducerThreads) {
         free(host), free(mg);   // the consumers would wait for registers the block does not have
         snprintf(why, ERR_LEN, "it was compiled to %d registers a thread, too few to give its consumers %d", attr.numRegs, kMkRegs);
         return NULL;
