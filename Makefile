@@ -125,6 +125,9 @@ bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o
 # A standalone measurement of KV-cache read patterns (bench/NOTES.md 70)
 bench/kv_read_probe: bench/kv_read_probe.cu
 	$(NVCC) $(NVFLAGS) -o $@ bench/kv_read_probe.cu
+# The integer MMA's latency and throughput (bench/NOTES.md 84)
+bench/mma_probe: bench/mma_probe.cu
+	$(NVCC) $(NVFLAGS) -o $@ bench/mma_probe.cu
 # bench/tune.sh: run built again with other values of the kernels' constants and options (-D...),
 # several variants side by side once tune-objects are built
 tune-objects: obj/run.o $(ENGINE_OBJ)

@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76 and 81 have each design step
-// and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81 and 84 have each design
+// step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -48,8 +48,9 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS; for measurement
-// only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run),
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
+// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
+// run, with the time the tile loops waited for their tiles),
 // MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
 // MK_NO_WAIT (no stage waits for the one before) and MK_NO_COPY (no weights copied: the slots
 // handed to the consumers as they are), all wrong results.
@@ -179,8 +180,14 @@ struct MkParams {
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
 // after its wait (1), after x is staged (2), at its end (3); within a linear stage when its first
 // loads of x have landed (4: mk_stamp_after, ordered after the value `after`), when its digits are
-// stored (5), when every consumer's tiles are done (6) and the rows finished (7).
-constexpr int kMkStamps = 8;
+// stored (5), when every consumer's tiles are done (6) and the rows finished (7); not stamps but
+// durations: the time its tile loop waited for tiles to land (8), of it for the first (9).
+constexpr int kMkStamps = 10;
+#ifdef MK_TRACE
+#define MK_TRACE_ON 1
+#else
+#define MK_TRACE_ON 0
+#endif
 __device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int k, float after) {
 #ifdef MK_TRACE
     if (threadIdx.x == 0) {
@@ -193,6 +200,21 @@ __device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int
 #endif
 }
 __device__ __forceinline__ void mk_stamp(const MkParams &p, int stage, int k) { mk_stamp_after(p, stage, k, 0.0f); }
+__device__ __forceinline__ unsigned long long mk_clock() {
+    unsigned long long t = 0;
+#ifdef MK_TRACE
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
+}
+// Adds d to duration k of the stage (thread 0; MK_TRACE).
+__device__ __forceinline__ void mk_stamp_add(const MkParams &p, int stage, int k, unsigned long long d) {
+#ifdef MK_TRACE
+    if (threadIdx.x == 0) p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] += d;
+#else
+    (void)p, (void)stage, (void)k, (void)d;
+#endif
+}
 
 __device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
@@ -271,6 +293,18 @@ struct MkRing {
         if (++slot == slots) slot = 0, round++;
     }
     __device__ bool mine(int pipe) const { return count % kMkPipes == pipe; }
+    // n tiles on (n >= 0)
+    __device__ void skip(int n, int slots) {
+        count += n, slot += n;
+        if (slot >= slots) round += slot / slots, slot %= slots;
+    }
+    // kMkPipes tiles on (the slots are at least that many)
+    __device__ void next_of_pipe(int slots) {
+        count += kMkPipes, slot += kMkPipes;
+        if (slot >= slots) slot -= slots, round++;
+    }
+    // tiles from here to the pipe's next (0 .. kMkPipes - 1)
+    __device__ int to_pipe(int pipe) const { return (int)(((unsigned)pipe - (unsigned)count) % kMkPipes); }
 };
 
 // ---------------------------------------------------------------- the weights in tile order
@@ -358,17 +392,37 @@ struct MkCursor {
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
 // A partial column tile leaves its slot's later steps as an earlier tile left them: the consumers
 // multiply those bytes by x's digits past K, which mk_stage_x writes as zeros.
-__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
+// MK_SM_FLIGHT (default 0: no limit but MK_IN_FLIGHT's): at most as many copies in flight in the
+// block, its pipes' together (in_flight: their count in shared memory). A copy is counted from
+// before it is issued until its producer has seen it land, which the producer waits for before
+// it waits for anything else, so that a count never waits on the consumers.
+#ifndef MK_SM_FLIGHT
+#define MK_SM_FLIGHT 0
+#endif
+static_assert(!MK_SM_FLIGHT || MK_IN_FLIGHT == 1, "a producer blocked on a slot holds no count only with one copy a pipe");
+__device__ __forceinline__ void mk_flight_take(int *in_flight) {
+    while (atomicAdd(in_flight, 1) >= MK_SM_FLIGHT) {
+        atomicSub(in_flight, 1);
+        __nanosleep(32);
+    }
+}
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty, int *in_flight) {
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
-    MkRing at;
+    MkRing at, last;   // last: the pipe's last copy (count -1: none yet)
+    last.count = -1;
     const uint64_t policy = l2_policy(MK_EVICT_FIRST);
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
+        last = at;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
-        if (MK_IN_FLIGHT > 0 && landed >= 0) mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
+        if (MK_IN_FLIGHT > 0 && landed >= 0) {
+            mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
+            if (MK_SM_FLIGHT) atomicSub(in_flight, 1);
+        }
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
+        if (MK_SM_FLIGHT) mk_flight_take(in_flight);
 #ifdef MK_NO_COPY   // (a measurement build: the consumers' side alone, on whatever the slots hold)
         mbar_arrive_expect(bar, 0);
         (void)dst, (void)policy;
@@ -377,6 +431,10 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
         bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
         bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
 #endif
+    }
+    if (MK_SM_FLIGHT && last.count >= 0) {   // the pipe's last copy: its count given back once landed, for the pipes still copying
+        mbar_wait(full + 8 * last.slot, last.round & 1);
+        atomicSub(in_flight, 1);
     }
 }
 
@@ -650,6 +708,17 @@ __device__ __forceinline__ void mk_imma(int d[4], uint4 a, uint2 b) {
 #ifndef MK_GROUP_SELECT
 #define MK_GROUP_SELECT 1
 #endif
+// MK_ACCS (default 4; 1 for the A/B): a group's MMA steps summed in as many independent int32
+// accumulators, added at the group's end (exact), so that its MMAs need not each wait for the one
+// before (bench/NOTES.md 84).
+#ifndef MK_ACCS
+#define MK_ACCS 4
+#endif
+// MK_PIPE_LOOP (default 0): a pipe's consumers step through its own tiles of a unit only, instead
+// of over every tile, skipping the other pipes' (bench/NOTES.md 84).
+#ifndef MK_PIPE_LOOP
+#define MK_PIPE_LOOP 0
+#endif
 
 // A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
 // at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
@@ -684,9 +753,10 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
                                              int stride, int gshift) {
     constexpr int kChunk = kMkSteps < 4 ? kMkSteps : 4;   // steps whose fragments are loaded together
     static_assert(kMkSteps % kChunk == 0 && kMkSteps % (kGroupSteps > 0 ? kGroupSteps : 1) == 0, "whole chunks and groups");
+    constexpr int kAccs = kGroupSteps < MK_ACCS ? (kGroupSteps > 0 ? kGroupSteps : 1) : MK_ACCS;
     const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
     const int8_t *digits = xs.d + (g < 3 ? g : 0) * xs.dpitch + k0 + 8 * c;
-    int d[4] = {0, 0, 0, 0};
+    int d[kAccs][4];
 #pragma unroll
     for (int j0 = 0; j0 < kMkSteps; j0 += kChunk) {
         uint4 w[kChunk];
@@ -710,12 +780,18 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
                         mk_group_sum<true>(acc, e, f, t, (kh >> 4) - (c0 >> 4), kh < stride ? xs.u[kh >> 4] : 0.0f, g);
                 }
             } else {
-                if (j % kGroupSteps == 0) d[0] = d[1] = d[2] = d[3] = 0;
-                mk_imma(d, w[i], b[i]);
+                int *da = d[j % kGroupSteps % kAccs];
+                if (j % kGroupSteps < kAccs) da[0] = da[1] = da[2] = da[3] = 0;
+                mk_imma(da, w[i], b[i]);
                 const int kg = k - 32 * (kGroupSteps - 1);   // the group's first column (of the warp's, for groups wider than it)
                 const float u = kg < stride ? xs.u[kg >> gshift] : 0.0f;
-                if (j % kGroupSteps == kGroupSteps - 1 && (MK_GROUP_SELECT || kg < stride))
-                    mk_group_sum<(kGroupSteps <= 8)>(acc, d, f, t, (kg >> gshift) - (c0 >> gshift), u, g);
+                if (j % kGroupSteps == kGroupSteps - 1 && (MK_GROUP_SELECT || kg < stride)) {
+#pragma unroll
+                    for (int a = 1; a < kAccs; a++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) d[0][r] += d[a][r];
+                    mk_group_sum<(kGroupSteps <= 8)>(acc, d[0], f, t, (kg >> gshift) - (c0 >> gshift), u, g);
+                }
             }
         }
     }
@@ -858,21 +934,38 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         consumer_sync();
         float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
+#if MK_PIPE_LOOP   // this pipe's tiles only: every kMkPipes-th from its first
+        MkRing on = at;
+        const int first = at.to_pipe(pipe);
+        on.skip(first, slots);
+        at.skip(b.tiles, slots);
+        for (int t = first, rt = first / b.col_tiles, ct = first % b.col_tiles; t < b.tiles; t += kMkPipes, on.next_of_pipe(slots)) {
+            if (t > first)
+                for (ct += kMkPipes; ct >= b.col_tiles; ct -= b.col_tiles) rt++;
+#else
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
+            const MkRing &on = at;
+#endif
             if (rt != cur) {
                 if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
             }
-            const unsigned char *slot = smem + at.slot * slot_bytes;
-            mbar_wait(full + 8 * at.slot, at.round & 1);
+            const unsigned char *slot = smem + on.slot * slot_bytes;
+            const unsigned long long waiting = mk_clock();
+            mbar_wait(full + 8 * on.slot, on.round & 1);
+            if (MK_TRACE_ON) {
+                const unsigned long long d = mk_clock() - waiting;
+                mk_stamp_add(p, stage, 8, d);
+                if (t < kMkPipes) mk_stamp_add(p, stage, 9, d);
+            }
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
             const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
                                  per_row};
             if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
 #endif
-            mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
+            mbar_arrive(empty + 8 * on.slot);   // this thread is done with the slot: its own reads released
         }
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
@@ -1244,16 +1337,18 @@ template <typename KV>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
+    __shared__ int in_flight;   // MK_SM_FLIGHT: the block's copies in flight
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
+        in_flight = 0;
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
         mk_give_registers();
-        mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
+        mk_produce(p, ring, full, empty, &in_flight);   // weights only: no wait for the kernel before
     } else {
         mk_take_registers();
         mk_consume<KV>(p, mk_smem, full, empty, red);
@@ -1611,10 +1706,10 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(t, m->p.trace, n * 8, cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
-    for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0) t0 = t[i];
-    fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us)\n");
+    for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0 && i % kMkStamps < 8) t0 = t[i];   // 8, 9: durations
+    fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us) | tiles' waits, the first's (us, mean)\n");
     for (int s = 0; s < m->p.n_stages; s++) {
-        double sum[7] = {0}, first = 1e30, last = 0;
+        double sum[7] = {0}, first = 1e30, last = 0, waits[2] = {0, 0};
         int nb = 0;
         for (int b = 0; b < m->blocks; b++) {
             const unsigned long long *e = t + ((size_t)b * m->p.n_stages + s) * kMkStamps;
@@ -1627,10 +1722,12 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
                 if (at >= prev) sum[i - 1] += (at - prev) / 1e3, prev = at;
             }
             first = fmin(first, (e[0] - t0) / 1e3), last = fmax(last, (e[3] - t0) / 1e3);
+            waits[0] += e[8] / 1e3, waits[1] += e[9] / 1e3;
         }
         if (nb)
-            fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f\n", s, m->kinds[s], nb, sum[0] / nb,
-                    sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last);
+            fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f | %6.2f %6.2f\n", s, m->kinds[s], nb,
+                    sum[0] / nb, sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last, waits[0] / nb,
+                    waits[1] / nb);
         if (s < 16 && m->kinds[s] == MK_GEMV) mk_trace_skew(t, m, s, t0);
     }
     free(t);
