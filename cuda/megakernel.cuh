@@ -293,18 +293,6 @@ struct MkRing {
         if (++slot == slots) slot = 0, round++;
     }
     __device__ bool mine(int pipe) const { return count % kMkPipes == pipe; }
-    // n tiles on (n >= 0)
-    __device__ void skip(int n, int slots) {
-        count += n, slot += n;
-        if (slot >= slots) round += slot / slots, slot %= slots;
-    }
-    // kMkPipes tiles on (the slots are at least that many)
-    __device__ void next_of_pipe(int slots) {
-        count += kMkPipes, slot += kMkPipes;
-        if (slot >= slots) slot -= slots, round++;
-    }
-    // tiles from here to the pipe's next (0 .. kMkPipes - 1)
-    __device__ int to_pipe(int pipe) const { return (int)(((unsigned)pipe - (unsigned)count) % kMkPipes); }
 };
 
 // ---------------------------------------------------------------- the weights in tile order
@@ -392,37 +380,17 @@ struct MkCursor {
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
 // A partial column tile leaves its slot's later steps as an earlier tile left them: the consumers
 // multiply those bytes by x's digits past K, which mk_stage_x writes as zeros.
-// MK_SM_FLIGHT (default 0: no limit but MK_IN_FLIGHT's): at most as many copies in flight in the
-// block, its pipes' together (in_flight: their count in shared memory). A copy is counted from
-// before it is issued until its producer has seen it land, which the producer waits for before
-// it waits for anything else, so that a count never waits on the consumers.
-#ifndef MK_SM_FLIGHT
-#define MK_SM_FLIGHT 0
-#endif
-static_assert(!MK_SM_FLIGHT || MK_IN_FLIGHT == 1, "a producer blocked on a slot holds no count only with one copy a pipe");
-__device__ __forceinline__ void mk_flight_take(int *in_flight) {
-    while (atomicAdd(in_flight, 1) >= MK_SM_FLIGHT) {
-        atomicSub(in_flight, 1);
-        __nanosleep(32);
-    }
-}
-__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty, int *in_flight) {
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
-    MkRing at, last;   // last: the pipe's last copy (count -1: none yet)
-    last.count = -1;
+    MkRing at;
     const uint64_t policy = l2_policy(MK_EVICT_FIRST);
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
-        last = at;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
-        if (MK_IN_FLIGHT > 0 && landed >= 0) {
-            mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
-            if (MK_SM_FLIGHT) atomicSub(in_flight, 1);
-        }
+        if (MK_IN_FLIGHT > 0 && landed >= 0) mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
-        if (MK_SM_FLIGHT) mk_flight_take(in_flight);
 #ifdef MK_NO_COPY   // (a measurement build: the consumers' side alone, on whatever the slots hold)
         mbar_arrive_expect(bar, 0);
         (void)dst, (void)policy;
@@ -431,10 +399,6 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
         bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
         bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
 #endif
-    }
-    if (MK_SM_FLIGHT && last.count >= 0) {   // the pipe's last copy: its count given back once landed, for the pipes still copying
-        mbar_wait(full + 8 * last.slot, last.round & 1);
-        atomicSub(in_flight, 1);
     }
 }
 
@@ -714,11 +678,6 @@ __device__ __forceinline__ void mk_imma(int d[4], uint4 a, uint2 b) {
 #ifndef MK_ACCS
 #define MK_ACCS 4
 #endif
-// MK_PIPE_LOOP (default 0): a pipe's consumers step through its own tiles of a unit only, instead
-// of over every tile, skipping the other pipes' (bench/NOTES.md 84).
-#ifndef MK_PIPE_LOOP
-#define MK_PIPE_LOOP 0
-#endif
 
 // A tile's view for one warp: lane (g = lane / 4, c = lane % 4) loads 8 bytes of rows g and g + 8
 // at 8c of each step's 32 columns (the A fragment's bytes 4c.. and 16 + 4c.., a permutation of the
@@ -934,26 +893,15 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         consumer_sync();
         float acc[2] = {0.0f, 0.0f};
         int cur = -1;   // the row tile acc holds
-#if MK_PIPE_LOOP   // this pipe's tiles only: every kMkPipes-th from its first
-        MkRing on = at;
-        const int first = at.to_pipe(pipe);
-        on.skip(first, slots);
-        at.skip(b.tiles, slots);
-        for (int t = first, rt = first / b.col_tiles, ct = first % b.col_tiles; t < b.tiles; t += kMkPipes, on.next_of_pipe(slots)) {
-            if (t > first)
-                for (ct += kMkPipes; ct >= b.col_tiles; ct -= b.col_tiles) rt++;
-#else
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
-            const MkRing &on = at;
-#endif
             if (rt != cur) {
                 if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
             }
-            const unsigned char *slot = smem + on.slot * slot_bytes;
+            const unsigned char *slot = smem + at.slot * slot_bytes;
             const unsigned long long waiting = mk_clock();
-            mbar_wait(full + 8 * on.slot, on.round & 1);
+            mbar_wait(full + 8 * at.slot, at.round & 1);
             if (MK_TRACE_ON) {
                 const unsigned long long d = mk_clock() - waiting;
                 mk_stamp_add(p, stage, 8, d);
@@ -965,7 +913,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                                  per_row};
             if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
 #endif
-            mbar_arrive(empty + 8 * on.slot);   // this thread is done with the slot: its own reads released
+            mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
         }
         if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
         consumer_sync();   // sums complete
@@ -1337,18 +1285,16 @@ template <typename KV>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
-    __shared__ int in_flight;   // MK_SM_FLIGHT: the block's copies in flight
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
-        in_flight = 0;
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
         mk_give_registers();
-        mk_produce(p, ring, full, empty, &in_flight);   // weights only: no wait for the kernel before
+        mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
     } else {
         mk_take_registers();
         mk_consume<KV>(p, mk_smem, full, empty, red);
