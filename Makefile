@@ -123,10 +123,10 @@ test: all tests/test_run $(READER_TESTS)
 bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o $(CUDA_SRC) cuda/testing.h engine/dispatch.h
 	$(NVCC) $(NVFLAGS) -Icuda -o $@ bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o -lcublas
 # A standalone measurement of KV-cache read patterns (bench/NOTES.md 70)
-bench/kv_read_probe: bench/kv_read_probe.cu
+bench/kv_read_probe: bench/kv_read_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/kv_read_probe.cu
 # The integer MMA's latency and throughput (bench/NOTES.md 84)
-bench/mma_probe: bench/mma_probe.cu
+bench/mma_probe: bench/mma_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/mma_probe.cu
 # bench/tune.sh: run built again with other values of the kernels' constants and options (-D...),
 # several variants side by side once tune-objects are built

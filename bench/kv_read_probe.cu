@@ -10,14 +10,7 @@
 #include <cstdio>
 #include <cuda_fp16.h>
 
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e_ = (x);                                                      \
-        if (e_ != cudaSuccess) {                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));               \
-            return 1;                                                              \
-        }                                                                          \
-    } while (0)
+#include "probe.h"   // CK
 
 constexpr int kHeads = 32, kHeadSize = 128, kSplits = 4, kPositions = 3584, kReps = 40;
 

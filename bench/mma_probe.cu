@@ -8,14 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e_ = (x);                                                      \
-        if (e_ != cudaSuccess) {                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));               \
-            return 1;                                                              \
-        }                                                                          \
-    } while (0)
+#include "probe.h"   // CK
 
 constexpr int kIters = 4096;
 
