@@ -48,8 +48,8 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
-// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
+// MK_ATTN_LAST (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles),
 // MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
 // MK_NO_WAIT (no stage waits for the one before) and MK_NO_COPY (no weights copied: the slots
@@ -126,6 +126,13 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #define MK_MIN_CHUNK 256
 #endif
 constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
+// MK_ATTN_LAST (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 85):
+// the last of a head's splits to finish combines the head's partials itself (mk_attention_last),
+// so that no combine stage (a hand-over through a counter) follows the attention, and splits of
+// short contexts (MK_MIN_CHUNK below 256) would no longer cost one.
+#ifndef MK_ATTN_LAST
+#define MK_ATTN_LAST 0
+#endif
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -175,6 +182,7 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
+    unsigned *head_done;   // (n_heads) MK_ATTN_LAST: a head's splits done (zero between uses), else NULL
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -238,7 +246,7 @@ __device__ __forceinline__ int mk_splits(int pos, int n_heads) {
 
 __device__ __forceinline__ int mk_units(const MkStage &st, int splits, int n_heads) {
     if (st.kind == MK_ATTENTION) return n_heads * splits;
-    if (st.kind == MK_COMBINE) return splits > 1 ? n_heads : 0;
+    if (st.kind == MK_COMBINE) return splits > 1 && !MK_ATTN_LAST ? n_heads : 0;
     return st.units;
 }
 
@@ -1200,6 +1208,23 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
 }
 
 // Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
+// After attention unit `unit` wrote its partial: the head's count of splits done, and if this
+// block's was the last, the head's combine step here (mk_combine_unit), the count set back to
+// zero for the next layer. Publishing as mk_count and mk_wait do: the block's barrier, then one
+// thread's fence and atomic; the last one's fence, then the barrier before the partials' loads.
+__device__ void mk_attention_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *weight, float *red) {
+    __shared__ int last;
+    const int h = unit / at.splits;
+    consumer_sync();   // every thread's stores of the partial (an empty unit's too)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(p.head_done + h, 1u) == (unsigned)at.splits - 1;
+        if (last) p.head_done[h] = 0, __threadfence();
+    }
+    consumer_sync();
+    if (last) mk_combine_unit(p, st, h, at, weight, red);
+}
+
 __device__ void mk_wait(const MkParams &p, int stage, int units) {
 #ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
     return;
@@ -1236,8 +1261,12 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
-                    else mk_combine_unit(p, st, u, step, scratch, red);
+                    if (st.kind == MK_ATTENTION) {
+                        mk_attention_by_warps<KV>(p, st, u, step, scratch);
+                        if (MK_ATTN_LAST && splits > 1) mk_attention_last(p, st, u, step, scratch, red);
+                    } else {
+                        mk_combine_unit(p, st, u, step, scratch, red);
+                    }
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
@@ -1602,6 +1631,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
+    p.head_done = NULL;
+    if (MK_ATTN_LAST) {
+        CUDA_CHECK(cudaMalloc(&p.head_done, (size_t)at.n_heads * sizeof(unsigned)));
+        CUDA_CHECK(cudaMemset(p.head_done, 0, (size_t)at.n_heads * sizeof(unsigned)));
+    }
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
 #endif
@@ -1703,6 +1737,7 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
+    if (m->p.head_done) CUDA_CHECK(cudaFree(m->p.head_done));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     free(m->kinds);
