@@ -49,9 +49,9 @@
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_ATTN_LAST (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
-// run, with the time the tile loops waited for their tiles),
-// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
+// MK_ATTN_LAST (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed
+// after the 101st launch of an ungraphed run, with the time the tile loops waited for their
+// tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
 // MK_NO_WAIT (no stage waits for the one before) and MK_NO_COPY (no weights copied: the slots
 // handed to the consumers as they are), all wrong results.
 #ifndef MK_SLOTS
@@ -1207,7 +1207,6 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
     consumer_sync();
 }
 
-// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
 // After attention unit `unit` wrote its partial: the head's count of splits done, and if this
 // block's was the last, the head's combine step here (mk_combine_unit), the count set back to
 // zero for the next layer. Publishing as mk_count and mk_wait do: the block's barrier, then one
@@ -1225,6 +1224,7 @@ __device__ void mk_attention_last(const MkParams &p, const MkStage &st, int unit
     if (last) mk_combine_unit(p, st, h, at, weight, red);
 }
 
+// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
 __device__ void mk_wait(const MkParams &p, int stage, int units) {
 #ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
     return;
@@ -1687,7 +1687,8 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     CUDA_CHECK(cudaMemcpy(t, m->p.trace, n * 8, cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0 && i % kMkStamps < 8) t0 = t[i];   // 8, 9: durations
-    fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us) | tiles' waits, the first's (us, mean)\n");
+    fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us)"
+                    " | tiles' waits, the first's (us, mean)\n");
     for (int s = 0; s < m->p.n_stages; s++) {
         double sum[7] = {0}, first = 1e30, last = 0, waits[2] = {0, 0};
         int nb = 0;
@@ -1705,9 +1706,9 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
             waits[0] += e[8] / 1e3, waits[1] += e[9] / 1e3;
         }
         if (nb)
-            fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f | %6.2f %6.2f\n", s, m->kinds[s], nb,
-                    sum[0] / nb, sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last, waits[0] / nb,
-                    waits[1] / nb);
+            fprintf(stderr, "trace: %3d %d %3d | %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f | %8.2f %8.2f | %6.2f %6.2f\n", s,
+                    m->kinds[s], nb, sum[0] / nb, sum[1] / nb, sum[2] / nb, sum[3] / nb, sum[4] / nb, sum[5] / nb, sum[6] / nb, first, last,
+                    waits[0] / nb, waits[1] / nb);
         if (s < 16 && m->kinds[s] == MK_GEMV) mk_trace_skew(t, m, s, t0);
     }
     free(t);
