@@ -189,19 +189,17 @@ struct MkParams {
 // after its wait (1), after x is staged (2), at its end (3); within a linear stage when its first
 // loads of x have landed (4: mk_stamp_after, ordered after the value `after`), when its digits are
 // stored (5), when every consumer's tiles are done (6) and the rows finished (7); not stamps but
-// durations: the time its tile loop waited for tiles to land (8), of it for the first (9).
+// durations: the time its tile loop waited for tiles to land (8), of it for each unit's first (9).
 constexpr int kMkStamps = 10;
-#ifdef MK_TRACE
-#define MK_TRACE_ON 1
-#else
-#define MK_TRACE_ON 0
-#endif
+__device__ __forceinline__ unsigned long long &mk_trace_at(const MkParams &p, int stage, int k) {
+    return p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k];
+}
 __device__ __forceinline__ void mk_stamp_after(const MkParams &p, int stage, int k, float after) {
 #ifdef MK_TRACE
     if (threadIdx.x == 0) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "f"(after));
-        p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] = t;
+        mk_trace_at(p, stage, k) = t;
     }
 #else
     (void)p, (void)stage, (void)k, (void)after;
@@ -218,7 +216,7 @@ __device__ __forceinline__ unsigned long long mk_clock() {
 // Adds d to duration k of the stage (thread 0; MK_TRACE).
 __device__ __forceinline__ void mk_stamp_add(const MkParams &p, int stage, int k, unsigned long long d) {
 #ifdef MK_TRACE
-    if (threadIdx.x == 0) p.trace[((size_t)blockIdx.x * p.n_stages + stage) * kMkStamps + k] += d;
+    if (threadIdx.x == 0) mk_trace_at(p, stage, k) += d;
 #else
     (void)p, (void)stage, (void)k, (void)d;
 #endif
@@ -908,13 +906,11 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                 cur = rt;
             }
             const unsigned char *slot = smem + at.slot * slot_bytes;
-            const unsigned long long waiting = mk_clock();
+            const unsigned long long waiting = mk_clock();   // (MK_TRACE; else 0, and the stamps below nothing)
             mbar_wait(full + 8 * at.slot, at.round & 1);
-            if (MK_TRACE_ON) {
-                const unsigned long long d = mk_clock() - waiting;
-                mk_stamp_add(p, stage, 8, d);
-                if (t < kMkPipes) mk_stamp_add(p, stage, 9, d);
-            }
+            const unsigned long long waited = mk_clock() - waiting;
+            mk_stamp_add(p, stage, 8, waited);
+            if (t < kMkPipes) mk_stamp_add(p, stage, 9, waited);
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
             const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
@@ -1631,7 +1627,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
-    p.head_done = NULL;
     if (MK_ATTN_LAST) {
         CUDA_CHECK(cudaMalloc(&p.head_done, (size_t)at.n_heads * sizeof(unsigned)));
         CUDA_CHECK(cudaMemset(p.head_done, 0, (size_t)at.n_heads * sizeof(unsigned)));
