@@ -48,12 +48,13 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_ATTN_LAST (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed
-// after the 101st launch of an ungraphed run, with the time the tile loops waited for their
-// tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
-// MK_NO_WAIT (no stage waits for the one before) and MK_NO_COPY (no weights copied: the slots
-// handed to the consumers as they are), all wrong results.
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
+// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
+// run, with the time the tile loops waited for their tiles),
+// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
+// MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights copied: the slots
+// handed to the consumers as they are) and MK_FREE (the hand-overs into the stages that the
+// environment variable MK_FREE names not waited for: mk_free), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -126,13 +127,6 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #define MK_MIN_CHUNK 256
 #endif
 constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
-// MK_ATTN_LAST (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 85):
-// the last of a head's splits to finish combines the head's partials itself (mk_attention_last),
-// so that no combine stage (a hand-over through a counter) follows the attention, and splits of
-// short contexts (MK_MIN_CHUNK below 256) would no longer cost one.
-#ifndef MK_ATTN_LAST
-#define MK_ATTN_LAST 0
-#endif
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -157,6 +151,9 @@ struct MkStage {
     int ll_seq_in, ll_seq_out, ll_seq_prev, ll_writes_in, ll_writes_out;
     int ll_counted;     // GEMV with ll_in: waits for the stage before's count as well (mk_tags_reach)
     int wait, count;    // whether it waits for the stage before it; whether its units are counted
+#ifdef MK_FREE
+    int free_x;         // GEMV: x staged without waiting for its tags (mk_free)
+#endif
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -182,7 +179,6 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
-    unsigned *head_done;   // (n_heads) MK_ATTN_LAST: a head's splits done (zero between uses), else NULL
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -244,7 +240,7 @@ __device__ __forceinline__ int mk_splits(int pos, int n_heads) {
 
 __device__ __forceinline__ int mk_units(const MkStage &st, int splits, int n_heads) {
     if (st.kind == MK_ATTENTION) return n_heads * splits;
-    if (st.kind == MK_COMBINE) return splits > 1 && !MK_ATTN_LAST ? n_heads : 0;
+    if (st.kind == MK_COMBINE) return splits > 1 ? n_heads : 0;
     return st.units;
 }
 
@@ -576,7 +572,11 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
             else v[i] = mk_load_x4(a.x, k, K);
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
+#ifdef MK_FREE
+        for (bool ready = !flagged || p.stages[stage].free_x; !ready;) {
+#else
         for (bool ready = !flagged; !ready;) {   // each round the elements not there yet, all in flight
+#endif
             ready = true;
 #pragma unroll
             for (int i = 0; i < (flagged ? kMkXQuads : 0); i++)
@@ -1203,23 +1203,6 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
     consumer_sync();
 }
 
-// After attention unit `unit` wrote its partial: the head's count of splits done, and if this
-// block's was the last, the head's combine step here (mk_combine_unit), the count set back to
-// zero for the next layer. Publishing as mk_count and mk_wait do: the block's barrier, then one
-// thread's fence and atomic; the last one's fence, then the barrier before the partials' loads.
-__device__ void mk_attention_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *weight, float *red) {
-    __shared__ int last;
-    const int h = unit / at.splits;
-    consumer_sync();   // every thread's stores of the partial (an empty unit's too)
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(p.head_done + h, 1u) == (unsigned)at.splits - 1;
-        if (last) p.head_done[h] = 0, __threadfence();
-    }
-    consumer_sync();
-    if (last) mk_combine_unit(p, st, h, at, weight, red);
-}
-
 // Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
 __device__ void mk_wait(const MkParams &p, int stage, int units) {
 #ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
@@ -1257,12 +1240,8 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) {
-                        mk_attention_by_warps<KV>(p, st, u, step, scratch);
-                        if (MK_ATTN_LAST && splits > 1) mk_attention_last(p, st, u, step, scratch, red);
-                    } else {
-                        mk_combine_unit(p, st, u, step, scratch, red);
-                    }
+                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
+                    else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
@@ -1552,6 +1531,40 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
     return n_bufs;
 }
 
+#ifdef MK_FREE
+// A measurement build: what the waits into some stages cost. The environment variable MK_FREE
+// names stages by their role in a layer (qkv, attn, combine, wo, w13, w2, cls; or all), and those
+// stages neither wait for a count nor for x's tags: every block goes on with whatever the buffers
+// hold. The stages' other work, and every other wait, stay as they are.
+static const char *mk_role(const MkStage *st, int s, int n) {
+    const MkStage &t = st[s];
+    if (t.kind == MK_ATTENTION) return "attn";
+    if (t.kind == MK_COMBINE) return "combine";
+    if (t.kind != MK_GEMV) return "embed";
+    if (t.pair) return "w13";
+    int last = n - 1;
+    while (last > 0 && st[last].kind != MK_GEMV) last--;
+    if (s == last) return "cls";
+    for (int b = s - 1; b >= 0; b--) {   // the stage before with units
+        if (st[b].kind == MK_ATTENTION || st[b].kind == MK_COMBINE) return "wo";
+        if (st[b].kind == MK_GEMV) return st[b].pair ? "w2" : "qkv";
+    }
+    return "qkv";
+}
+static void mk_free(MkStage *st, int n) {
+    const char *names = getenv("MK_FREE");
+    if (!names || !*names) return;
+    int freed = 0;
+    for (int s = 0; s < n; s++) {
+        const char *role = mk_role(st, s, n), *at = strstr(names, role);
+        const size_t len = strlen(role);
+        if (strcmp(names, "all") && !(at && (at == names || at[-1] == ',') && (at[len] == ',' || !at[len]))) continue;
+        st[s].wait = 0, st[s].free_x = st[s].kind == MK_GEMV, freed++;
+    }
+    fprintf(stderr, "megakernel: MK_FREE=%s: %d stages not waited for (wrong results)\n", names, freed);
+}
+#endif
+
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1622,15 +1635,14 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     }
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
+#ifdef MK_FREE
+    mk_free(host, count);
+#endif
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
-    if (MK_ATTN_LAST) {
-        CUDA_CHECK(cudaMalloc(&p.head_done, (size_t)at.n_heads * sizeof(unsigned)));
-        CUDA_CHECK(cudaMemset(p.head_done, 0, (size_t)at.n_heads * sizeof(unsigned)));
-    }
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
 #endif
@@ -1733,7 +1745,6 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
-    if (m->p.head_done) CUDA_CHECK(cudaFree(m->p.head_done));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     free(m->kinds);
