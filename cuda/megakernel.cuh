@@ -130,16 +130,6 @@ constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
-// MK_KV_RING (default on): with an FP16 cache and a head size of 32, 64, 128 or 256, an attention
-// unit's key and value rows before the step's position come through the ring as the weights do
-// (each slot kMkKvRows rows of keys, then as many of values, a bulk copy a row), so that the
-// producers keep a block's bytes in flight while the consumers score, where the consumers' own
-// loads read the cache at 2.4-3.0 TB/s (bench/NOTES.md 70, 87). The step's own row, which QKV
-// writes in this step, is loaded after the attention's wait, as before.
-#ifndef MK_KV_RING
-#define MK_KV_RING 1
-#endif
-__host__ __device__ __forceinline__ int mk_kv_rows(int head_size) { return kMkTileBytes / (4 * head_size); }
 enum { MK_EMBED, MK_GEMV, MK_ATTENTION, MK_COMBINE };
 
 struct MkStage {
@@ -189,7 +179,6 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
-    int kv_ring;           // MK_KV_RING: the attention's cache rows come through the ring
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -247,21 +236,6 @@ __device__ __forceinline__ int mk_splits(int pos, int n_heads) {
     int s = min(max(1, (int)gridDim.x / n_heads), ceil_div_dev(rows, kMkMinChunk));
     s = max(s, ceil_div_dev(rows, kMkMaxChunk));
     return max(1, min(s, kMaxSplits));
-}
-
-// The step's attention: its position, and splits of its rows of chunk rows each.
-struct MkAttnStep {
-    int pos, splits, chunk;
-};
-__device__ __forceinline__ MkAttnStep mk_attn_step(int pos, int n_heads) {
-    const int splits = mk_splits(pos, n_heads);
-    return {pos, splits, ceil_div_dev(pos + 1, splits)};
-}
-// The rows [x, y) of attention unit `unit` that come through the ring (MK_KV_RING): its rows
-// before the step's position.
-__device__ __forceinline__ int2 mk_kv_span(const MkAttnStep &at, int unit) {
-    const int t0 = unit % at.splits * at.chunk;
-    return make_int2(t0, max(t0, min(at.pos, t0 + at.chunk)));
 }
 
 __device__ __forceinline__ int mk_units(const MkStage &st, int splits, int n_heads) {
@@ -372,51 +346,27 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
 }
 
 // ---------------------------------------------------------------- the producer warp
-// The block's tiles of a step in order, every pipe's: where each one's record is, or (MK_KV_RING)
-// which of an attention unit's cache rows it holds.
+// The block's tiles of a step in order, every pipe's: where each one's record is.
 struct MkCursor {
     int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
     const unsigned char *unit = nullptr;
-    bool kv = false;                // stage s is an attention's: its unit's rows of mk_kv_span go through the ring
-    int pos = -1;                   // the step's position, once the first attention is reached (the
-                                    // rest of its MkAttnStep recomputed where needed: the producer's
-                                    // registers are few, kMkProducerRegs)
-    __device__ MkAttnStep step(const MkParams &p) const { return mk_attn_step(pos, p.n_heads); }
     // To the next tile; false past the step's last.
     __device__ bool next(const MkParams &p) {
         while (++t >= tiles) {
             t = -1, tiles = 0;
-            if (s >= 0 && (u += gridDim.x) < units(p)) {
-                at_unit(p);
+            if (s >= 0 && (u += gridDim.x) < p.stages[s].units) {
+                at_unit(p.stages[s]);
                 continue;
             }
             do
                 if (++s >= p.n_stages) return false;
-            while ((int)blockIdx.x >= units(p));
+            while (p.stages[s].kind != MK_GEMV || (int)blockIdx.x >= p.stages[s].units);
             u = blockIdx.x;
-            at_unit(p);
+            at_unit(p.stages[s]);
         }
         return true;
     }
-    // Stage s's units whose tiles go through the ring.
-    __device__ int units(const MkParams &p) {
-        const MkStage &st = p.stages[s];
-        if (st.kind == MK_GEMV) return st.units;
-        if (st.kind != MK_ATTENTION || !p.kv_ring) return 0;
-        if (pos < 0) {
-            pdl_wait();   // the caches and the position: after the kernels before (the weights did not wait)
-            pos = __ldcg(p.inputs);
-        }
-        return p.n_heads * step(p).splits;
-    }
-    __device__ void at_unit(const MkParams &p) {
-        const MkStage &st = p.stages[s];
-        kv = st.kind == MK_ATTENTION;
-        if (kv) {
-            const int2 span = mk_kv_span(step(p), u);
-            tiles = ceil_div_dev(span.y - span.x, mk_kv_rows(p.head_size));
-            return;
-        }
+    __device__ void at_unit(const MkStage &st) {
         const TmaBlock b = mk_unit(st, u);
         tiles = b.tiles, col_tiles = b.col_tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
         unit = st.pack + mk_record_at(st, u, 0);
@@ -426,24 +376,6 @@ struct MkCursor {
     __device__ int weight_bytes() const { return ceil_div_dev(min(kMkCols, stride - t % col_tiles * kMkCols), 32) * kMkStepBytes; }
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
-
-// The cursor's tile of an attention unit's cache rows (MK_KV_RING): up to mk_kv_rows of the
-// unit's rows of keys from the slot's start, the same rows of values after them, a bulk copy a
-// row (the cache is position-major: a head's rows are apart by the kv heads' width).
-__device__ void mk_copy_kv(const MkParams &p, const MkCursor &c, uint32_t dst, uint32_t bar, uint64_t policy) {
-    const MkStage &st = p.stages[c.s];
-    const MkAttnStep at = c.step(p);
-    const int2 span = mk_kv_span(at, c.u);
-    const int hs = p.head_size, per = mk_kv_rows(hs), r0 = span.x + c.t * per, n = min(per, span.y - r0), bytes = 2 * hs;
-    const size_t kv_dim = (size_t)p.n_kv_heads * hs, off = (size_t)(c.u / at.splits / (p.n_heads / p.n_kv_heads)) * hs;
-    const __half *k = static_cast<const __half *>(st.kc) + off + r0 * kv_dim, *v = static_cast<const __half *>(st.vc) + off + r0 * kv_dim;
-    mbar_arrive_expect(bar, 2 * n * bytes);
-#pragma unroll 1
-    for (int i = 0; i < n; i++) {
-        bulk_copy_counted_hint(dst + i * bytes, k + i * kv_dim, bytes, bar, policy);
-        bulk_copy_counted_hint(dst + (per + i) * bytes, v + i * kv_dim, bytes, bar, policy);
-    }
-}
 
 // Every tile of the block's units, in the step's order, into the next slot of the ring once the
 // consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes and copies its
@@ -465,10 +397,6 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
         mbar_arrive_expect(bar, 0);
         (void)dst, (void)policy;
 #else
-        if (tile.kv) {
-            mk_copy_kv(p, tile, dst, bar, policy);
-            continue;
-        }
         mbar_arrive_expect(bar, tile.weight_bytes() + tile.scale_bytes());
         bulk_copy_counted_hint(dst, tile.weights(), tile.weight_bytes(), bar, policy);
         bulk_copy_counted_hint(dst + kMkTileBytes, tile.scales(), tile.scale_bytes(), bar, policy);
@@ -1032,6 +960,11 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned tag) {
     }
 }
 
+// The step's attention: its position, and splits of its rows of chunk rows each.
+struct MkAttnStep {
+    int pos, splits, chunk;
+};
+
 // The warps' running softmaxes of an attention unit (sm: (warps, 2 + head size): m, l, the
 // weighted sum; a warp without rows: m = -inf, l = 0) merged into out (one split) or the unit's
 // partial. Starts and ends with a barrier.
@@ -1145,29 +1078,40 @@ __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int uni
     mk_attention_merge(p, st, h, at, sm, au.part);
 }
 
-// The wide attention's pieces (mk_attention_wide, mk_attention_ring): kHs / 8 lanes a row (kLanes),
-// 8 elements each, so that a warp holds 32 / kLanes rows at once (kRowsAt); the lane's row in
-// each, sub, and its first element, d0.
+// An attention unit as mk_attention_warps, over an FP16 cache of head size kHs (32, 64, 128 or
+// 256) by 16-byte loads (MK_ATTN_WIDE, default on): kLanes lanes a row, 8 elements each, so that
+// a warp loads kRowsAt rows at once and kBatch of those of the keys and of the values are in
+// flight together (pairs a lane, 4-byte loads, read the cache slower: bench/NOTES.md 70, 72). Each
+// group of kLanes lanes keeps a running softmax of its rows; the warp's groups are merged by
+// shuffles, then the warps' in shared memory.
+#ifndef MK_ATTN_WIDE
+#define MK_ATTN_WIDE 1
+#endif
 template <int kHs>
-struct MkWide {
-    static constexpr int kLanes = kHs / 8, kRowsAt = 32 / kLanes;
-    int sub, d0;
-    float q[8], acc[8], m = -INFINITY, l = 0.0f;
-    // The lane's 8 elements of head h's q.
-    __device__ MkWide(const MkStage &st, int h) {
-        const int lane = threadIdx.x % 32;
-        sub = lane / kLanes, d0 = lane % kLanes * 8;
-        const float4 *q4 = reinterpret_cast<const float4 *>(st.q + h * kHs + d0);
-        const float4 qa = __ldcg(q4), qb = __ldcg(q4 + 1);
-        q[0] = qa.x, q[1] = qa.y, q[2] = qa.z, q[3] = qa.w, q[4] = qb.x, q[5] = qb.y, q[6] = qb.z, q[7] = qb.w;
+__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
+    constexpr int kLanes = kHs / 8, kRowsAt = 32 / kLanes, kBatch = 8, kStep = kRowsAt * kBatch;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int sub = lane / kLanes, d0 = lane % kLanes * 8;   // the lane's row in each kRowsAt, its 8 elements
+    const MkAttnUnit au = mk_attn_unit(p, unit, at);
+    const int h = au.h, t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
+    if (t0 >= t1) return;
+    const __half *kc = static_cast<const __half *>(st.kc) + au.kv_off + d0, *vc = static_cast<const __half *>(st.vc) + au.kv_off + d0;
+    float q[8], acc[8];
+    const float4 *q4 = reinterpret_cast<const float4 *>(st.q + h * kHs + d0);
+    const float4 qa = __ldcg(q4), qb = __ldcg(q4 + 1);
+    q[0] = qa.x, q[1] = qa.y, q[2] = qa.z, q[3] = qa.w, q[4] = qb.x, q[5] = qb.y, q[6] = qb.z, q[7] = qb.w;
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = 0.0f;
-    }
-    // kBatch rows a lane group, k[r] and v[r] the lane's pieces of its row `row + r * kRowsAt`,
-    // which counts only below `end`, into the group's running softmax.
-    template <int kBatch>
-    __device__ __forceinline__ void add(const uint4 (&k)[kBatch], const uint4 (&v)[kBatch], int row, int end) {
-        const float inv_sqrt = 1.0f / sqrtf((float)kHs);
+    for (int i = 0; i < 8; i++) acc[i] = 0.0f;
+    const float inv_sqrt = 1.0f / sqrtf((float)kHs);
+    float m = -INFINITY, l = 0.0f;
+    for (int t = t0 + warp * kStep; t < t1; t += kMkConsumerWarps * kStep) {
+        uint4 k[kBatch], v[kBatch];
+#pragma unroll
+        for (int r = 0; r < kBatch; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
+            const size_t row = (size_t)min(t + r * kRowsAt + sub, t1 - 1) * kv_dim;
+            k[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row));
+            v[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
+        }
         float sc[kBatch], mx = m;
 #pragma unroll
         for (int r = 0; r < kBatch; r++) {
@@ -1180,7 +1124,7 @@ struct MkWide {
             }
 #pragma unroll
             for (int o = kLanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-            sc[r] = row + r * kRowsAt < end ? dot * inv_sqrt : -INFINITY;
+            sc[r] = t + r * kRowsAt + sub < t1 ? dot * inv_sqrt : -INFINITY;
             mx = fmaxf(mx, sc[r]);
         }
         const float base = mx == -INFINITY ? 0.0f : mx;   // a group with no row yet: every weight 0, no NaN
@@ -1201,94 +1145,21 @@ struct MkWide {
         }
         m = mx;
     }
-    // The warp's row groups merged by shuffles, then the warps' (mk_attention_merge).
-    __device__ void finish(const MkParams &p, const MkStage &st, const MkAttnStep &at, const MkAttnUnit &au, float *sm) {
 #pragma unroll
-        for (int o = kLanes; o < 32; o <<= 1) {   // the warp's row groups into lanes 0 .. kLanes - 1
-            const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
-            const float mx = fmaxf(m, mo), base = mx == -INFINITY ? 0.0f : mx, a = expf(m - base), b = expf(mo - base);
-            l = l * a + lo * b;
+    for (int o = kLanes; o < 32; o <<= 1) {   // the warp's row groups into lanes 0 .. kLanes - 1
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+        const float mx = fmaxf(m, mo), base = mx == -INFINITY ? 0.0f : mx, a = expf(m - base), b = expf(mo - base);
+        l = l * a + lo * b;
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * b;
-            m = mx;
-        }
-        const int lane = threadIdx.x % 32;
-        float *mine = sm + threadIdx.x / 32 * (2 + kHs);
-        if (lane == 0) mine[0] = m, mine[1] = l;
-        if (lane < kLanes)
-#pragma unroll
-            for (int i = 0; i < 8; i++) mine[2 + d0 + i] = acc[i];
-        mk_attention_merge(p, st, au.h, at, sm, au.part);
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * b;
+        m = mx;
     }
-};
-
-// An attention unit as mk_attention_warps, over an FP16 cache of head size kHs (32, 64, 128 or
-// 256) by 16-byte loads (MK_ATTN_WIDE, default on; MkWide), kBatch of a warp's kRowsAt rows of the
-// keys and of the values in flight together (pairs a lane, 4-byte loads, read the cache slower:
-// bench/NOTES.md 70, 72). Each group of kLanes lanes keeps a running softmax of its rows; the
-// warp's groups are merged by shuffles, then the warps' in shared memory.
-#ifndef MK_ATTN_WIDE
-#define MK_ATTN_WIDE 1
-#endif
-template <int kHs>
-__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
-    constexpr int kBatch = 8, kStep = MkWide<kHs>::kRowsAt * kBatch;
-    const int warp = threadIdx.x / 32;
-    const MkAttnUnit au = mk_attn_unit(p, unit, at);
-    const int t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
-    if (t0 >= t1) return;
-    MkWide<kHs> w(st, au.h);
-    const __half *kc = static_cast<const __half *>(st.kc) + au.kv_off + w.d0, *vc = static_cast<const __half *>(st.vc) + au.kv_off + w.d0;
-    for (int t = t0 + warp * kStep; t < t1; t += kMkConsumerWarps * kStep) {
-        uint4 k[kBatch], v[kBatch];
+    float *mine = sm + warp * (2 + kHs);
+    if (lane == 0) mine[0] = m, mine[1] = l;
+    if (lane < kLanes)
 #pragma unroll
-        for (int r = 0; r < kBatch; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
-            const size_t row = (size_t)min(t + r * w.kRowsAt + w.sub, t1 - 1) * kv_dim;
-            k[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row));
-            v[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
-        }
-        w.add(k, v, t + w.sub, t1);
-    }
-    w.finish(p, st, at, au, sm);
-}
-
-// An attention unit over an FP16 cache whose rows before the step's position come through the
-// ring (MK_KV_RING; mk_copy_kv): each pipe takes its tiles as a linear stage does, a warp its half
-// of a tile's rows as one batch (MkWide), and one warp the step's own row from the cache.
-template <int kHs>
-__device__ void mk_attention_ring(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, MkRing &ring,
-                                  const unsigned char *smem, uint32_t full, uint32_t empty) {
-    constexpr int kRows = kMkTileBytes / (4 * kHs), kWarps = kMkGroupThreads / 32, kBatch = kRows / kWarps / MkWide<kHs>::kRowsAt;
-    static_assert(kBatch >= 1 && kBatch * kWarps * MkWide<kHs>::kRowsAt == kRows, "a tile's rows: whole batches of each warp");
-    const int pipe = threadIdx.x / kMkGroupThreads, in_pipe = threadIdx.x % kMkGroupThreads / 32;
-    const MkAttnUnit au = mk_attn_unit(p, unit, at);
-    if (au.t0 >= au.t1) return;   // no rows: nothing in the ring either
-    MkWide<kHs> w(st, au.h);
-    const int2 span = mk_kv_span(at, unit);
-    const int tiles = ceil_div_dev(span.y - span.x, kRows), slots = p.slots, slot_bytes = p.slot_bytes;
-    const int row = in_pipe * kBatch * w.kRowsAt + w.sub;   // the lane's first row of a tile
-    for (int t = 0; t < tiles; t++, ring.next(slots)) {
-        if (!ring.mine(pipe)) continue;
-        const int n = min(kRows, span.y - span.x - t * kRows);
-        const __half *ks = reinterpret_cast<const __half *>(smem + ring.slot * slot_bytes) + w.d0, *vs = ks + kRows * kHs;
-        mbar_wait(full + 8 * ring.slot, ring.round & 1);
-        uint4 k[kBatch], v[kBatch];
-#pragma unroll
-        for (int r = 0; r < kBatch; r++) {   // rows past n read row n - 1 again, then count nothing
-            const int at_row = min(row + r * w.kRowsAt, n - 1) * kHs;
-            k[r] = *reinterpret_cast<const uint4 *>(ks + at_row);
-            v[r] = *reinterpret_cast<const uint4 *>(vs + at_row);
-        }
-        w.add(k, v, row, n);
-        mbar_arrive(empty + 8 * ring.slot);
-    }
-    if (au.t1 > at.pos && threadIdx.x / 32 == kMkConsumerWarps - 1) {   // the step's row, written by QKV before the wait
-        const __half *kc = static_cast<const __half *>(st.kc) + (size_t)at.pos * au.kv_dim + au.kv_off + w.d0;
-        const __half *vc = static_cast<const __half *>(st.vc) + (size_t)at.pos * au.kv_dim + au.kv_off + w.d0;
-        const uint4 k[1] = {__ldcg(reinterpret_cast<const uint4 *>(kc))}, v[1] = {__ldcg(reinterpret_cast<const uint4 *>(vc))};
-        w.add(k, v, w.sub, 1);
-    }
-    w.finish(p, st, at, au, sm);
+        for (int i = 0; i < 8; i++) mine[2 + d0 + i] = acc[i];
+    mk_attention_merge(p, st, h, at, sm, au.part);
 }
 
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
@@ -1307,23 +1178,6 @@ __device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int 
     if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, at, sm);
     else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, at, sm);
     else mk_attention_warps<KV, 4>(p, st, unit, at, sm);
-}
-
-// Attention unit `unit`: through the ring where the host chose it (p.kv_ring: an FP16 cache, a head
-// size mk_attention_ring has), else by the warps' own loads.
-template <typename KV>
-__device__ void mk_attention_unit(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, MkRing &ring,
-                                  const unsigned char *smem, uint32_t full, uint32_t empty) {
-    if constexpr (sizeof(KV) == 2) {
-        if (p.kv_ring) switch (p.head_size) {
-            case 32: return mk_attention_ring<32>(p, st, unit, at, sm, ring, smem, full, empty);
-            case 64: return mk_attention_ring<64>(p, st, unit, at, sm, ring, smem, full, empty);
-            case 128: return mk_attention_ring<128>(p, st, unit, at, sm, ring, smem, full, empty);
-            case 256: return mk_attention_ring<256>(p, st, unit, at, sm, ring, smem, full, empty);
-            default: break;
-            }
-    }
-    mk_attention_by_warps<KV>(p, st, unit, at, sm);
 }
 
 // Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
@@ -1384,9 +1238,9 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
-                const MkAttnStep step = mk_attn_step(pos, p.n_heads);
+                const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) mk_attention_unit<KV>(p, st, u, step, scratch, at, smem, full, empty);
+                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
                     else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
@@ -1418,7 +1272,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
 #define MK_REGS 1
 #endif
 constexpr int kMkProducerThreads = kMkThreads - kMkConsumers;   // setmaxnreg: one warpgroup, after the consumers'
-constexpr int kMkProducerRegs = 56, kMkLaunchRegs = 65536 / kMkThreads / 8 * 8;
+constexpr int kMkProducerRegs = 40, kMkLaunchRegs = 65536 / kMkThreads / 8 * 8;
 constexpr int kMkRegs = MK_REGS && kMkBlocksPerSm == 1 && kMkConsumers % 128 == 0 && kMkProducerThreads == 128
                             ? ((kMkLaunchRegs * kMkThreads - kMkProducerRegs * kMkProducerThreads) / kMkConsumers) / 8 * 8 : 0;
 __device__ __forceinline__ void mk_give_registers() {   // by the producer warpgroup
@@ -1711,16 +1565,6 @@ static void mk_free(MkStage *st, int n) {
 }
 #endif
 
-// Whether the attention's cache rows can come through the ring (MK_KV_RING): an FP16 cache, a
-// head size mk_attention_ring has, and every row 16-byte aligned (the bulk copies').
-static bool mk_kv_ring(const MkStage *st, int n, MegaAttention at) {
-    const int hs = at.head_size;
-    bool ok = MK_KV_RING && at.kv_half && (hs == 32 || hs == 64 || hs == 128 || hs == 256);
-    for (int s = 0; ok && s < n; s++)
-        if (st[s].kind == MK_ATTENTION) ok = !(((uintptr_t)st[s].kc | (uintptr_t)st[s].vc) & 15);
-    return ok;   // a row's 2 hs bytes and the rows' stride, 2 hs n_kv_heads, are multiples of 16
-}
-
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1765,7 +1609,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
     p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
     p.inputs = g->inputs;
-    p.kv_ring = mk_kv_ring(host, count, at);
     for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots -= kMkPipes) {}
     if (p.slots < kMkMinSlots) {
         free(host);

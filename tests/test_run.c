@@ -2189,9 +2189,9 @@ static void test_gpu_long_context(void) {
     Config wide = LLAMA2C_CONFIG(256, 96, 2, 2, 1, 97, 600);
     random_model_files(wide, 1, 64, 0, fp32, q8, NULL);
     compare_executors("random model, head size 128, context 600 int8 gs64", q8, 600, 530, 0);
-    // head size 64, 4 heads over 2 kv heads, context 1300: the megakernel's attention with an FP16
-    // cache through the ring (MK_KV_RING), with a kv head's rows shared by two heads, six splits,
-    // tiles of 64 rows (the last of a split partial) and the step's own row in the last split
+    // head size 64, 4 heads over 2 kv heads, context 1300: the megakernel's wide attention (FP16
+    // cache) with a kv head's rows shared by two heads, six splits, the last one partial and
+    // holding the step's own row
     Config gqa = LLAMA2C_CONFIG(256, 96, 2, 4, 2, 97, 1300);
     random_model_files(gqa, 1, 64, 0, fp32, q8, NULL);
     compare_executors("random model, head size 64, gqa ratio 2, context 1300 int8 gs64", q8, 1100, 1040, 0);
