@@ -48,10 +48,10 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
-// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
-// run, with the time the tile loops waited for their tiles),
-// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
+// MK_ATTN_EARLY (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed
+// after the 101st launch of an ungraphed run, with the time the tile loops waited for their
+// tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
 // MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights copied: the slots
 // handed to the consumers as they are) and MK_FREE (the hand-overs into the stages that the
 // environment variable MK_FREE names not waited for: mk_free), all wrong results.
@@ -127,6 +127,13 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #define MK_MIN_CHUNK 256
 #endif
 constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
+// MK_ATTN_EARLY (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 88):
+// the wide attention asks for its first batch of cache rows before the position (written in
+// earlier steps) before it waits for QKV's count, so that their round trip to L2 or DRAM overlaps
+// the wait instead of following it; q and the step's own row are loaded after the wait.
+#ifndef MK_ATTN_EARLY
+#define MK_ATTN_EARLY 0
+#endif
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -226,6 +233,16 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
+__device__ void mk_wait(const MkParams &p, int stage, int units) {
+#ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
+    return;
+#endif
+    if (threadIdx.x == 0)
+        while (load_acquire(p.counters + stage) < (unsigned)units) {}
+    consumer_sync();
 }
 
 // Splits of the attention at position pos: as many (head, split) units as the grid has blocks at
@@ -1087,15 +1104,39 @@ __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int uni
 #ifndef MK_ATTN_WIDE
 #define MK_ATTN_WIDE 1
 #endif
+// wait_stage >= 0 (MK_ATTN_EARLY, the block's first unit): the stage's wait for stage wait_stage's
+// wait_units, made here after the first batch's rows before the position are asked for.
 template <int kHs>
-__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
+__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, int wait_stage,
+                                  int wait_units) {
     constexpr int kLanes = kHs / 8, kRowsAt = 32 / kLanes, kBatch = 8, kStep = kRowsAt * kBatch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int sub = lane / kLanes, d0 = lane % kLanes * 8;   // the lane's row in each kRowsAt, its 8 elements
     const MkAttnUnit au = mk_attn_unit(p, unit, at);
     const int h = au.h, t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
-    if (t0 >= t1) return;
+    const bool early = MK_ATTN_EARLY && wait_stage >= 0;
+    if (t0 >= t1) {
+        if (early) mk_wait(p, wait_stage, wait_units);
+        return;
+    }
     const __half *kc = static_cast<const __half *>(st.kc) + au.kv_off + d0, *vc = static_cast<const __half *>(st.vc) + au.kv_off + d0;
+    uint4 pk[kBatch], pv[kBatch];   // (early) the first batch, asked for before the wait
+    int t = t0 + warp * kStep;
+    if (early) {
+        const int last = min(t1, at.pos) - 1;   // the unit's last row written before this step
+#pragma unroll
+        for (int r = 0; r < kBatch; r++) {   // rows past it: row `last` (none where the unit has only the step's)
+            const size_t row = (size_t)min(t + r * kRowsAt + sub, last) * kv_dim;
+            if (t < t1 && last >= t0)
+                pk[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row)), pv[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
+        }
+        mk_wait(p, wait_stage, wait_units);
+        const size_t now = (size_t)at.pos * kv_dim;
+#pragma unroll
+        for (int r = 0; r < kBatch; r++)   // the step's own row, which QKV wrote: after the wait
+            if (t < t1 && min(t + r * kRowsAt + sub, t1 - 1) == at.pos)
+                pk[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + now)), pv[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + now));
+    }
     float q[8], acc[8];
     const float4 *q4 = reinterpret_cast<const float4 *>(st.q + h * kHs + d0);
     const float4 qa = __ldcg(q4), qb = __ldcg(q4 + 1);
@@ -1104,13 +1145,13 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
     for (int i = 0; i < 8; i++) acc[i] = 0.0f;
     const float inv_sqrt = 1.0f / sqrtf((float)kHs);
     float m = -INFINITY, l = 0.0f;
-    for (int t = t0 + warp * kStep; t < t1; t += kMkConsumerWarps * kStep) {
+    for (bool first = true; t < t1; t += kMkConsumerWarps * kStep, first = false) {
         uint4 k[kBatch], v[kBatch];
 #pragma unroll
         for (int r = 0; r < kBatch; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
             const size_t row = (size_t)min(t + r * kRowsAt + sub, t1 - 1) * kv_dim;
-            k[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row));
-            v[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
+            k[r] = early && first ? pk[r] : __ldcg(reinterpret_cast<const uint4 *>(kc + row));
+            v[r] = early && first ? pv[r] : __ldcg(reinterpret_cast<const uint4 *>(vc + row));
         }
         float sc[kBatch], mx = m;
 #pragma unroll
@@ -1163,18 +1204,21 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
 }
 
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
+// wait_stage >= 0: the stage's wait, made by mk_attention_wide itself (MK_ATTN_EARLY) or first.
 template <typename KV>
-__device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
+__device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, int wait_stage,
+                                      int wait_units) {
     static_assert(kMaxHeadSize <= 256, "head sizes up to 4 pairs a lane");
     if (MK_ATTN_WIDE && sizeof(KV) == 2) {
         switch (p.head_size) {
-        case 32: return mk_attention_wide<32>(p, st, unit, at, sm);
-        case 64: return mk_attention_wide<64>(p, st, unit, at, sm);
-        case 128: return mk_attention_wide<128>(p, st, unit, at, sm);
-        case 256: return mk_attention_wide<256>(p, st, unit, at, sm);
+        case 32: return mk_attention_wide<32>(p, st, unit, at, sm, wait_stage, wait_units);
+        case 64: return mk_attention_wide<64>(p, st, unit, at, sm, wait_stage, wait_units);
+        case 128: return mk_attention_wide<128>(p, st, unit, at, sm, wait_stage, wait_units);
+        case 256: return mk_attention_wide<256>(p, st, unit, at, sm, wait_stage, wait_units);
         default: break;
         }
     }
+    if (wait_stage >= 0) mk_wait(p, wait_stage, wait_units);
     if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, at, sm);
     else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, at, sm);
     else mk_attention_warps<KV, 4>(p, st, unit, at, sm);
@@ -1203,16 +1247,6 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
     consumer_sync();
 }
 
-// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
-__device__ void mk_wait(const MkParams &p, int stage, int units) {
-#ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
-    return;
-#endif
-    if (threadIdx.x == 0)
-        while (load_acquire(p.counters + stage) < (unsigned)units) {}
-    consumer_sync();
-}
-
 // Adds n to a stage's count, after (release) every write this thread has seen: the consumers'
 // writes of the stage, through the barrier before it.
 __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
@@ -1233,14 +1267,17 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
-            if (before >= 0 && st.wait) mk_wait(p, before, before_units);
+            const bool wait = before >= 0 && st.wait, inside = MK_ATTN_EARLY && st.kind == MK_ATTENTION;   // inside: the first unit's
+            if (wait && !inside) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
             if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
+                    if (st.kind == MK_ATTENTION)
+                        mk_attention_by_warps<KV>(p, st, u, step, scratch, wait && inside && u == (int)blockIdx.x ? before : -1,
+                                                  before_units);
                     else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
