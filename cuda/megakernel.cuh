@@ -1267,7 +1267,8 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
-            const bool wait = before >= 0 && st.wait, inside = MK_ATTN_EARLY && st.kind == MK_ATTENTION;   // inside: the first unit's
+            // inside: the wait made by the block's first attention unit (MK_ATTN_EARLY)
+            const bool wait = before >= 0 && st.wait, inside = MK_ATTN_EARLY && st.kind == MK_ATTENTION;
             if (wait && !inside) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
             if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
@@ -1582,7 +1583,7 @@ static const char *mk_role(const MkStage *st, int s, int n) {
     int last = n - 1;
     while (last > 0 && st[last].kind != MK_GEMV) last--;
     if (s == last) return "cls";
-    for (int b = s - 1; b >= 0; b--) {   // the stage before with units
+    for (int b = s - 1; b >= 0; b--) {   // the nearest linear or attention stage before it
         if (st[b].kind == MK_ATTENTION || st[b].kind == MK_COMBINE) return "wo";
         if (st[b].kind == MK_GEMV) return st[b].pair ? "w2" : "qkv";
     }
