@@ -49,12 +49,12 @@
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_ATTN_EARLY (not yet measured); for measurement only, MK_TRACE (per-stage timestamps, printed
-// after the 101st launch of an ungraphed run, with the time the tile loops waited for their
-// tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
-// MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights copied: the slots
-// handed to the consumers as they are) and MK_FREE (the hand-overs into the stages that the
-// environment variable MK_FREE names not waited for: mk_free), all wrong results.
+// MK_ATTN_EARLY and MK_HEAD_READY (not yet measured); for measurement only, MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
+// waited for their tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no
+// unit's rows finished), MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights
+// copied: the slots handed to the consumers as they are) and MK_FREE (the hand-overs into the
+// stages that the environment variable MK_FREE names not waited for: mk_free), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -134,6 +134,15 @@ constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 #ifndef MK_ATTN_EARLY
 #define MK_ATTN_EARLY 0
 #endif
+// MK_HEAD_READY (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 89):
+// each unit of a QKV stage publishes a done flag (the step's epoch + 1) after its rows, and an
+// attention unit waits for the flags of the units that wrote its head's q and its kv head's key and
+// value rows, instead of for the whole stage's count: a head's attention no longer waits for the
+// slowest of all QKV's blocks. Not with MK_ATTN_EARLY (whose wait is the count's).
+#ifndef MK_HEAD_READY
+#define MK_HEAD_READY 0
+#endif
+static_assert(!(MK_HEAD_READY && MK_ATTN_EARLY), "MK_HEAD_READY and MK_ATTN_EARLY: one attention wait or the other");
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -161,6 +170,9 @@ struct MkStage {
 #ifdef MK_FREE
     int free_x;         // GEMV: x staged without waiting for its tags (mk_free)
 #endif
+#if MK_HEAD_READY
+    int done_flags;     // GEMV (QKV): each unit publishes p.unit_done; ATTENTION: waits for its head's (mk_wait_head)
+#endif
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -186,6 +198,10 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
+#if MK_HEAD_READY
+    unsigned *unit_done;   // (n_stages, done_stride): a unit's done flag, the step's epoch + 1 once written (zero at first)
+    int done_stride;
+#endif
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -244,6 +260,24 @@ __device__ void mk_wait(const MkParams &p, int stage, int units) {
         while (load_acquire(p.counters + stage) < (unsigned)units) {}
     consumer_sync();
 }
+
+#if MK_HEAD_READY
+// Waits until the units of QKV stage `stage` that wrote head h's q and its kv head's key and value
+// rows have published them in this step (MK_HEAD_READY; threads 0-2 poll q's, k's and v's units),
+// then a barrier.
+__device__ void mk_wait_head(const MkParams &p, int stage, int h, unsigned epoch) {
+    if (threadIdx.x < 3) {
+        const MkStage &st = p.stages[stage];
+        const int j = threadIdx.x, rows = st.a.tma_rows, head = j == 0 ? h : h / (p.n_heads / p.n_kv_heads);
+        int first = 0;   // output j's first unit
+        for (int i = 0; i < j; i++) first += st.units_of[i];
+        const unsigned *done = p.unit_done + (size_t)stage * p.done_stride + first;
+        for (int u = head * p.head_size / rows; u <= ((head + 1) * p.head_size - 1) / rows; u++)
+            while (load_acquire(done + u) != epoch + 1u) {}
+    }
+    consumer_sync();
+}
+#endif
 
 // Splits of the attention at position pos: as many (head, split) units as the grid has blocks at
 // most (more would give some blocks two units: the stage twice as long), each of kMkMinChunk rows
@@ -952,6 +986,11 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         (void)pair;
 #endif
         consumer_sync();   // sums free for the next unit
+#if MK_HEAD_READY
+        if (st.done_flags && threadIdx.x == 0)   // the unit's rows, through the barrier before (as mk_count)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.unit_done + (size_t)stage * p.done_stride + u), "r"(epoch + 1u)
+                         : "memory");
+#endif
         mk_stamp(p, stage, 7);
     }
 }
@@ -1276,10 +1315,15 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION)
+                    if (st.kind == MK_ATTENTION) {
+#if MK_HEAD_READY
+                        if (st.done_flags) mk_wait_head(p, before, u / splits, epoch);
+#endif
                         mk_attention_by_warps<KV>(p, st, u, step, scratch, wait && inside && u == (int)blockIdx.x ? before : -1,
                                                   before_units);
-                    else mk_combine_unit(p, st, u, step, scratch, red);
+                    } else {
+                        mk_combine_unit(p, st, u, step, scratch, red);
+                    }
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
@@ -1603,6 +1647,25 @@ static void mk_free(MkStage *st, int n) {
 }
 #endif
 
+#if MK_HEAD_READY
+// The attention stages whose QKV stage is right before them (q its first output, its key and value
+// rows the attention's caches' at the step's position) wait for their heads' units (MK_HEAD_READY),
+// not for its count; returns the most units such a QKV stage has.
+static int mk_head_ready(MkStage *st, int n, const int *inputs) {
+    int most = 0;
+    for (int s = 1; s < n; s++) {
+        MkStage &a = st[s], &qkv = st[s - 1];
+        const RopeStore &r = qkv.a.rope;
+        if (a.kind != MK_ATTENTION || qkv.kind != MK_GEMV || r.inputs != inputs || r.seq_stride || qkv.a.n_out != 3 ||
+            qkv.a.out[0].y != a.q || r.kc != a.kc || r.vc != a.vc)
+            continue;
+        qkv.done_flags = a.done_flags = 1, a.wait = 0, qkv.count = 0;
+        most = qkv.units > most ? qkv.units : most;
+    }
+    return most;
+}
+#endif
+
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1675,6 +1738,14 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
 #ifdef MK_FREE
     mk_free(host, count);
+#endif
+#if MK_HEAD_READY
+    p.done_stride = mk_head_ready(host, count, g->inputs);
+    p.unit_done = NULL;
+    if (p.done_stride) {
+        CUDA_CHECK(cudaMalloc(&p.unit_done, (size_t)count * p.done_stride * sizeof(unsigned)));
+        CUDA_CHECK(cudaMemset(p.unit_done, 0, (size_t)count * p.done_stride * sizeof(unsigned)));
+    }
 #endif
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
@@ -1783,6 +1854,9 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
+#if MK_HEAD_READY
+    if (m->p.unit_done) CUDA_CHECK(cudaFree(m->p.unit_done));
+#endif
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     free(m->kinds);
