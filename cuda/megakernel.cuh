@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81 and 84 have each design
-// step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84 and 86 have each
+// design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
@@ -48,13 +48,13 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_ATTN_EARLY and MK_HEAD_READY (not yet measured); for measurement only, MK_TRACE (per-stage
-// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
-// waited for their tiles), MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no
-// unit's rows finished), MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights
-// copied: the slots handed to the consumers as they are) and MK_FREE (the hand-overs into the
-// stages that the environment variable MK_FREE names not waited for: mk_free), all wrong results.
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
+// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
+// run, with the time the tile loops waited for their tiles),
+// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
+// MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights copied: the slots
+// handed to the consumers as they are) and MK_FREE (the hand-overs into the stages that the
+// environment variable MK_FREE names not waited for: mk_free), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -127,22 +127,6 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #define MK_MIN_CHUNK 256
 #endif
 constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
-// MK_ATTN_EARLY (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 88):
-// the wide attention asks for its first batch of cache rows before the position (written in
-// earlier steps) before it waits for QKV's count, so that their round trip to L2 or DRAM overlaps
-// the wait instead of following it; q and the step's own row are loaded after the wait.
-#ifndef MK_ATTN_EARLY
-#define MK_ATTN_EARLY 0
-#endif
-// MK_HEAD_READY (default 0; written and compile-checked, not yet run on a GPU: bench/NOTES.md 89):
-// each unit of a QKV stage publishes a done flag (the step's epoch + 1) after its rows, and an
-// attention unit waits for the flags of the units that wrote its head's q and its kv head's key and
-// value rows, instead of for the whole stage's count: a head's attention no longer waits for the
-// slowest of all QKV's blocks. Not with MK_ATTN_EARLY (whose wait is the count's).
-#ifndef MK_HEAD_READY
-#define MK_HEAD_READY 0
-#endif
-static_assert(!(MK_HEAD_READY && MK_ATTN_EARLY), "MK_HEAD_READY and MK_ATTN_EARLY: one attention wait or the other");
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -170,9 +154,6 @@ struct MkStage {
 #ifdef MK_FREE
     int free_x;         // GEMV: x staged without waiting for its tags (mk_free)
 #endif
-#if MK_HEAD_READY
-    int done_flags;     // GEMV (QKV): each unit publishes p.unit_done; ATTENTION: waits for its head's (mk_wait_head)
-#endif
     // EMBED: x (dim) = row inputs[1] of the embedding (INT8 with scales, or FP32)
     const int8_t *eq;
     const float *es, *ef;
@@ -198,10 +179,6 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
-#if MK_HEAD_READY
-    unsigned *unit_done;   // (n_stages, done_stride): a unit's done flag, the step's epoch + 1 once written (zero at first)
-    int done_stride;
-#endif
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -250,34 +227,6 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-
-// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
-__device__ void mk_wait(const MkParams &p, int stage, int units) {
-#ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
-    return;
-#endif
-    if (threadIdx.x == 0)
-        while (load_acquire(p.counters + stage) < (unsigned)units) {}
-    consumer_sync();
-}
-
-#if MK_HEAD_READY
-// Waits until the units of QKV stage `stage` that wrote head h's q and its kv head's key and value
-// rows have published them in this step (MK_HEAD_READY; threads 0-2 poll q's, k's and v's units),
-// then a barrier.
-__device__ void mk_wait_head(const MkParams &p, int stage, int h, unsigned epoch) {
-    if (threadIdx.x < 3) {
-        const MkStage &st = p.stages[stage];
-        const int j = threadIdx.x, rows = st.a.tma_rows, head = j == 0 ? h : h / (p.n_heads / p.n_kv_heads);
-        int first = 0;   // output j's first unit
-        for (int i = 0; i < j; i++) first += st.units_of[i];
-        const unsigned *done = p.unit_done + (size_t)stage * p.done_stride + first;
-        for (int u = head * p.head_size / rows; u <= ((head + 1) * p.head_size - 1) / rows; u++)
-            while (load_acquire(done + u) != epoch + 1u) {}
-    }
-    consumer_sync();
-}
-#endif
 
 // Splits of the attention at position pos: as many (head, split) units as the grid has blocks at
 // most (more would give some blocks two units: the stage twice as long), each of kMkMinChunk rows
@@ -986,11 +935,6 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         (void)pair;
 #endif
         consumer_sync();   // sums free for the next unit
-#if MK_HEAD_READY
-        if (st.done_flags && threadIdx.x == 0)   // the unit's rows, through the barrier before (as mk_count)
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.unit_done + (size_t)stage * p.done_stride + u), "r"(epoch + 1u)
-                         : "memory");
-#endif
         mk_stamp(p, stage, 7);
     }
 }
@@ -1143,39 +1087,15 @@ __device__ void mk_attention_warps(const MkParams &p, const MkStage &st, int uni
 #ifndef MK_ATTN_WIDE
 #define MK_ATTN_WIDE 1
 #endif
-// wait_stage >= 0 (MK_ATTN_EARLY, the block's first unit): the stage's wait for stage wait_stage's
-// wait_units, made here after the first batch's rows before the position are asked for.
 template <int kHs>
-__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, int wait_stage,
-                                  int wait_units) {
+__device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
     constexpr int kLanes = kHs / 8, kRowsAt = 32 / kLanes, kBatch = 8, kStep = kRowsAt * kBatch;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int sub = lane / kLanes, d0 = lane % kLanes * 8;   // the lane's row in each kRowsAt, its 8 elements
     const MkAttnUnit au = mk_attn_unit(p, unit, at);
     const int h = au.h, t0 = au.t0, t1 = au.t1, kv_dim = au.kv_dim;
-    const bool early = MK_ATTN_EARLY && wait_stage >= 0;
-    if (t0 >= t1) {
-        if (early) mk_wait(p, wait_stage, wait_units);
-        return;
-    }
+    if (t0 >= t1) return;
     const __half *kc = static_cast<const __half *>(st.kc) + au.kv_off + d0, *vc = static_cast<const __half *>(st.vc) + au.kv_off + d0;
-    uint4 pk[kBatch], pv[kBatch];   // (early) the first batch, asked for before the wait
-    int t = t0 + warp * kStep;
-    if (early) {
-        const int last = min(t1, at.pos) - 1;   // the unit's last row written before this step
-#pragma unroll
-        for (int r = 0; r < kBatch; r++) {   // rows past it: row `last` (none where the unit has only the step's)
-            const size_t row = (size_t)min(t + r * kRowsAt + sub, last) * kv_dim;
-            if (t < t1 && last >= t0)
-                pk[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row)), pv[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
-        }
-        mk_wait(p, wait_stage, wait_units);
-        const size_t now = (size_t)at.pos * kv_dim;
-#pragma unroll
-        for (int r = 0; r < kBatch; r++)   // the step's own row, which QKV wrote: after the wait
-            if (t < t1 && min(t + r * kRowsAt + sub, t1 - 1) == at.pos)
-                pk[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + now)), pv[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + now));
-    }
     float q[8], acc[8];
     const float4 *q4 = reinterpret_cast<const float4 *>(st.q + h * kHs + d0);
     const float4 qa = __ldcg(q4), qb = __ldcg(q4 + 1);
@@ -1184,13 +1104,13 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
     for (int i = 0; i < 8; i++) acc[i] = 0.0f;
     const float inv_sqrt = 1.0f / sqrtf((float)kHs);
     float m = -INFINITY, l = 0.0f;
-    for (bool first = true; t < t1; t += kMkConsumerWarps * kStep, first = false) {
+    for (int t = t0 + warp * kStep; t < t1; t += kMkConsumerWarps * kStep) {
         uint4 k[kBatch], v[kBatch];
 #pragma unroll
         for (int r = 0; r < kBatch; r++) {   // rows past t1 read row t1 - 1 again, then count nothing
             const size_t row = (size_t)min(t + r * kRowsAt + sub, t1 - 1) * kv_dim;
-            k[r] = early && first ? pk[r] : __ldcg(reinterpret_cast<const uint4 *>(kc + row));
-            v[r] = early && first ? pv[r] : __ldcg(reinterpret_cast<const uint4 *>(vc + row));
+            k[r] = __ldcg(reinterpret_cast<const uint4 *>(kc + row));
+            v[r] = __ldcg(reinterpret_cast<const uint4 *>(vc + row));
         }
         float sc[kBatch], mx = m;
 #pragma unroll
@@ -1243,21 +1163,18 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
 }
 
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
-// wait_stage >= 0: the stage's wait, made by mk_attention_wide itself (MK_ATTN_EARLY) or first.
 template <typename KV>
-__device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm, int wait_stage,
-                                      int wait_units) {
+__device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
     static_assert(kMaxHeadSize <= 256, "head sizes up to 4 pairs a lane");
     if (MK_ATTN_WIDE && sizeof(KV) == 2) {
         switch (p.head_size) {
-        case 32: return mk_attention_wide<32>(p, st, unit, at, sm, wait_stage, wait_units);
-        case 64: return mk_attention_wide<64>(p, st, unit, at, sm, wait_stage, wait_units);
-        case 128: return mk_attention_wide<128>(p, st, unit, at, sm, wait_stage, wait_units);
-        case 256: return mk_attention_wide<256>(p, st, unit, at, sm, wait_stage, wait_units);
+        case 32: return mk_attention_wide<32>(p, st, unit, at, sm);
+        case 64: return mk_attention_wide<64>(p, st, unit, at, sm);
+        case 128: return mk_attention_wide<128>(p, st, unit, at, sm);
+        case 256: return mk_attention_wide<256>(p, st, unit, at, sm);
         default: break;
         }
     }
-    if (wait_stage >= 0) mk_wait(p, wait_stage, wait_units);
     if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, at, sm);
     else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, at, sm);
     else mk_attention_warps<KV, 4>(p, st, unit, at, sm);
@@ -1286,6 +1203,16 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
     consumer_sync();
 }
 
+// Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
+__device__ void mk_wait(const MkParams &p, int stage, int units) {
+#ifdef MK_NO_WAIT   // (a measurement build: with MK_FLAGS=0, MK_NO_MATH and MK_NO_FINISH, the weights' stream alone)
+    return;
+#endif
+    if (threadIdx.x == 0)
+        while (load_acquire(p.counters + stage) < (unsigned)units) {}
+    consumer_sync();
+}
+
 // Adds n to a stage's count, after (release) every write this thread has seen: the consumers'
 // writes of the stage, through the barrier before it.
 __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
@@ -1306,24 +1233,15 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
-            // inside: the wait made by the block's first attention unit (MK_ATTN_EARLY)
-            const bool wait = before >= 0 && st.wait, inside = MK_ATTN_EARLY && st.kind == MK_ATTENTION;
-            if (wait && !inside) mk_wait(p, before, before_units);
+            if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
             if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) {
-#if MK_HEAD_READY
-                        if (st.done_flags) mk_wait_head(p, before, u / splits, epoch);
-#endif
-                        mk_attention_by_warps<KV>(p, st, u, step, scratch, wait && inside && u == (int)blockIdx.x ? before : -1,
-                                                  before_units);
-                    } else {
-                        mk_combine_unit(p, st, u, step, scratch, red);
-                    }
+                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
+                    else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
@@ -1647,25 +1565,6 @@ static void mk_free(MkStage *st, int n) {
 }
 #endif
 
-#if MK_HEAD_READY
-// The attention stages whose QKV stage is right before them (q its first output, its key and value
-// rows the attention's caches' at the step's position) wait for their heads' units (MK_HEAD_READY),
-// not for its count; returns the most units such a QKV stage has.
-static int mk_head_ready(MkStage *st, int n, const int *inputs) {
-    int most = 0;
-    for (int s = 1; s < n; s++) {
-        MkStage &a = st[s], &qkv = st[s - 1];
-        const RopeStore &r = qkv.a.rope;
-        if (a.kind != MK_ATTENTION || qkv.kind != MK_GEMV || r.inputs != inputs || r.seq_stride || qkv.a.n_out != 3 ||
-            qkv.a.out[0].y != a.q || r.kc != a.kc || r.vc != a.vc)
-            continue;
-        qkv.done_flags = a.done_flags = 1, a.wait = 0, qkv.count = 0;
-        most = qkv.units > most ? qkv.units : most;
-    }
-    return most;
-}
-#endif
-
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1738,14 +1637,6 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
 #ifdef MK_FREE
     mk_free(host, count);
-#endif
-#if MK_HEAD_READY
-    p.done_stride = mk_head_ready(host, count, g->inputs);
-    p.unit_done = NULL;
-    if (p.done_stride) {
-        CUDA_CHECK(cudaMalloc(&p.unit_done, (size_t)count * p.done_stride * sizeof(unsigned)));
-        CUDA_CHECK(cudaMemset(p.unit_done, 0, (size_t)count * p.done_stride * sizeof(unsigned)));
-    }
 #endif
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
@@ -1854,9 +1745,6 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
-#if MK_HEAD_READY
-    if (m->p.unit_done) CUDA_CHECK(cudaFree(m->p.unit_done));
-#endif
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     free(m->kinds);
