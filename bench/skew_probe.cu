@@ -1,19 +1,23 @@
-// bench/skew_probe.cu: the megakernel's weight stream by itself, to measure what the blocks'
-// spread at each matrix's end costs it, and whether tiles claimed at run time take that back
-// (bench/NOTES.md 91). As in cuda/megakernel.cuh: one block an SM, four pipes of a producer warp
-// and two consumer warps, 8 ring slots of 16 KB (two a pipe), one copy in flight a pipe, bulk
-// copies marked evict_first. The step: kLayers layers of a 7B's four matrices (QKV, output
-// projection, w1/w3, w2) as 16 KB tiles. Variants:
-//   hand-over  each block's consumers wait, at a matrix's start, until every block has counted
-//              the matrix before done (a release add a block, polled by an acquire load), then
-//              load x_bytes of an activation vector through L2, as the megakernel's stages do;
-//              the producers never wait for it (the next matrix's tiles stream into the ring)
-//   claim      0: a block streams a contiguous 1/132 of each matrix (the megakernel's schedule);
-//              C: each pipe claims C tiles at a time from the matrix's counter (one claim ahead)
-//   work       cycles a consumer warp group spends on a tile after it has landed (its math)
+// bench/skew_probe.cu: the megakernel's weight stream by itself, to measure what a grid-wide
+// hand-over at each matrix's end costs it and what decides that cost (bench/NOTES.md 91). As in
+// cuda/megakernel.cuh: one block an SM, four pipes of a producer warp and two consumer warps, ring
+// slots of 16 KB (two a pipe), one copy in flight a pipe, bulk copies marked evict_first. The
+// step: kLayers layers of a 7B's four matrices (QKV, output projection, w1/w3, w2). Variants:
+//   hand-over   each block's consumers wait, at a matrix's start, until every block (or all but
+//               `ignore`) has counted the matrix before done (a release add a block, polled by
+//               an acquire load), then load x_bytes of an activation vector through L2, as the
+//               megakernel's stages do; the producers never wait for it (the next matrix's
+//               tiles stream into the ring)
+//   stall       instead of a hand-over, the consumers stop for a fixed time at each matrix's start
+//   claim       0: a block streams a contiguous 1/132 of each matrix (the megakernel's schedule;
+//               `interleave`: every 132nd tile); C: each pipe claims C tiles at a time from the
+//               matrix's counter (one claim ahead)
+//   work        cycles a consumer warp group spends on a tile after it has landed (its math)
+//   slots, tile bytes, in flight, prefetch (tiles asked of L2 while the ring is full)
 // Each producer ends its share of a matrix with a marker slot (no copy), so that the consumers
 // need not know how many tiles they get. Prints each variant's time a step, its rate against
-// 4480 GB/s, and the spread of the blocks' ends of each matrix (max - median, median over layers).
+// 4480 GB/s, and the spread of the blocks' ends of each matrix (max - median / max - min, the
+// median over layers, us). A wait that does not end within about a second is reported, not hung.
 // make bench/skew_probe && ./bench/skew_probe
 #include <algorithm>
 #include <cstdint>
@@ -25,7 +29,8 @@
 namespace {
 
 constexpr int kPipes = 4, kGroupThreads = 64, kConsumers = kPipes * kGroupThreads, kThreads = kConsumers + 32 * kPipes;
-constexpr int kMaxSlotsPerPipe = 3, kSlots = kPipes * kMaxSlotsPerPipe, kTileBytes = 16384;
+// The ring: up to 192 KB a block, in tiles of 16 KB (3 slots a pipe at most) or 8 KB (6).
+constexpr int kRingBytes = 196608, kMaxSlotsPerPipe = 6, kSlots = kPipes * kMaxSlotsPerPipe, kTileBytes = 16384;
 constexpr int kLayers = 8, kMatrices = 4, kStages = kLayers * kMatrices, kEnd = -1;
 // A 7B layer's matrices in 16 KB tiles: QKV 3 x 4096 x 4096, output 4096 x 4096, w1/w3 2 x 11008
 // x 4096, w2 4096 x 11008 bytes.
@@ -40,6 +45,8 @@ struct Probe {
     int prefetch;      // tiles a pipe asks L2 for ahead of its ring while the ring is full (static only)
     int ignore;        // the hand-over waits for all blocks but this many (a bound, not a schedule)
     int interleave;    // static: block b takes tiles b, b + gridDim.x, ... instead of a contiguous share
+    int stall;         // without hand-over: cycles the consumers stop for at each stage's start instead
+    int tile_bytes;    // 16384 or 8192
     unsigned *counters;             // (kStages) blocks done
     unsigned *claims;               // (kStages) tiles claimed
     unsigned *consumed;             // (kStages) tiles consumed (a check)
@@ -69,8 +76,8 @@ __device__ __forceinline__ bool mbar_test(uint32_t bar, int parity) {
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     return done;
 }
-__device__ __forceinline__ void prefetch_l2(const void *src) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "n"(kTileBytes) : "memory");
+__device__ __forceinline__ void prefetch_l2(const void *src, int bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity, int what, int stage) {
     for (long long i = 0;; i++) {
@@ -81,10 +88,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity, int what, in
         if ((i & 1023) == 1023 && (stuck() || (i > (1 << 20) && give_up(what, stage)))) return;
     }
 }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bar, uint64_t policy) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(kTileBytes) : "memory");
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, int bytes, uint32_t bar, uint64_t policy) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(dst), "l"(src), "n"(kTileBytes), "r"(bar), "l"(policy) : "memory");
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
 }
 __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     unsigned v;
@@ -119,7 +126,7 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
         if (c.n >= p.slots && p.prefetch && tile != kEnd && !mbar_test(smem_u32(&empty[slot]), c.parity() ^ 1)) {
             // the ring is full: the next tiles of the list asked of L2 (each once)
             for (int k = 0, t = tile; k < p.prefetch && t < list_end; k++, t += list_step)
-                if (t > prefetched) prefetch_l2(p.w + (p.first_tile[s] + t) * kTileBytes), prefetched = t;
+                if (t > prefetched) prefetch_l2(p.w + (p.first_tile[s] + t) * p.tile_bytes, p.tile_bytes), prefetched = t;
         }
         if (c.n >= p.slots) mbar_wait(smem_u32(&empty[slot]), c.parity() ^ 1, 1, s);
         for (int i = 0; i < 2; i++)
@@ -130,8 +137,8 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
         if (tile == kEnd) {
             mbar_arrive(smem_u32(&full[slot]));
         } else {
-            bulk_copy(smem_u32(ring + (size_t)slot * kTileBytes), p.w + (p.first_tile[s] + tile) * kTileBytes,
-                      smem_u32(&full[slot]), policy);
+            bulk_copy(smem_u32(ring + (size_t)slot * p.tile_bytes), p.w + (p.first_tile[s] + tile) * p.tile_bytes,
+                      p.tile_bytes, smem_u32(&full[slot]), policy);
             last[1] = last[0], last_parity[1] = last_parity[0];
             last[0] = slot, last_parity[0] = c.parity();
         }
@@ -171,6 +178,11 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
     c.per_pipe = p.slots;
     uint32_t acc = 0;
     for (int s = 0; s < kStages; s++) {
+        if (p.stall && s > 0) {
+            if (t == 0)
+                for (const long long t0 = clock64(); clock64() - t0 < p.stall;) {}
+            consumer_sync();
+        }
         if (p.hand_over && s > 0) {
             if (t == 0)
                 for (long long i = 0; load_acquire(p.counters + s - 1) < gridDim.x - p.ignore; i++)
@@ -185,8 +197,8 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             end = header[slot] == kEnd;
             if (!end) {
                 const long long t0 = clock64();
-                const uint4 *tile = reinterpret_cast<const uint4 *>(ring + (size_t)slot * kTileBytes);
-                for (int i = lane; i < kTileBytes / 16; i += kGroupThreads) acc ^= tile[i].x ^ tile[i].w;
+                const uint4 *tile = reinterpret_cast<const uint4 *>(ring + (size_t)slot * p.tile_bytes);
+                for (int i = lane; i < p.tile_bytes / 16; i += kGroupThreads) acc ^= tile[i].x ^ tile[i].w;
                 while (clock64() - t0 < p.work) {}
                 tiles++;
             }
@@ -221,7 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1) skew_kernel(Probe p) {
 
 struct Variant {
     const char *name;
-    int hand_over, claim, work, x_bytes, slots = 2, in_flight = 1, prefetch = 0, ignore = 0, interleave = 0;
+    int hand_over, claim, work, x_bytes, slots = 2, in_flight = 1, prefetch = 0, ignore = 0, interleave = 0, stall = 0,
+        tile_bytes = kTileBytes;
 };
 
 const Stuck *g_host_stuck;
@@ -234,8 +247,12 @@ double median(std::vector<double> v) {
 // Runs a variant `reps` times after a warm-up; prints its median time a step and the spreads.
 int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_bytes) {
     p.hand_over = v.hand_over, p.claim = v.claim, p.work = v.work, p.x_bytes = v.x_bytes, p.slots = v.slots, p.in_flight = v.in_flight;
+    p.stall = v.stall, p.tile_bytes = v.tile_bytes;
+    if (p.slots * kPipes * p.tile_bytes > kRingBytes) return fprintf(stderr, "%s: the ring does not fit\n", v.name), 1;
+    long long tiles = 0;   // the stages' tiles at this size
+    for (int s = 0; s < kStages; s++) p.first_tile[s] = tiles, p.tiles[s] = kTilesOf[s % kMatrices] * (kTileBytes / p.tile_bytes), tiles += p.tiles[s];
     p.prefetch = v.prefetch, p.ignore = v.ignore, p.interleave = v.interleave;
-    const size_t smem = (size_t)kSlots * kTileBytes;
+    const size_t smem = kRingBytes;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -271,7 +288,7 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
         }
     }
     const double t = median(ms) * 1e-3, gbs = step_bytes / t * 1e-9;
-    printf("%-46s %6.1f us %7.0f GB/s %5.1f%%", v.name, t * 1e6, gbs, 100.0 * gbs / 4480.0);
+    printf("%-48s %6.1f us %7.0f GB/s %5.1f%%", v.name, t * 1e6, gbs, 100.0 * gbs / 4480.0);
     for (int m = 0; m < kMatrices; m++) printf("  %s %.2f/%.2f", kNames[m], median(spread[m]), median(range[m]));
     printf("\n");
     CK(cudaEventDestroy(a));
@@ -291,15 +308,14 @@ int probe_main() {
     int dev = 0, sms = 0;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const size_t smem = (size_t)kSlots * kTileBytes;
+    const size_t smem = kRingBytes;
     CK(cudaFuncSetAttribute(skew_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skew_kernel, kThreads, smem));
     if (per_sm < 1) return fprintf(stderr, "skew_probe: the kernel does not fit an SM\n"), 1;
     Probe p = {};
-    long long tiles = 0;
-    for (int s = 0; s < kStages; s++) p.first_tile[s] = tiles, p.tiles[s] = kTilesOf[s % kMatrices], tiles += p.tiles[s];
-    const long long step_bytes = tiles * kTileBytes;
+    long long step_bytes = 0;
+    for (int s = 0; s < kStages; s++) step_bytes += (long long)kTilesOf[s % kMatrices] * kTileBytes;
     uint8_t *w;
     CK(cudaMalloc(&w, step_bytes));
     CK(cudaMemset(w, 0x5a, step_bytes));
@@ -316,25 +332,45 @@ int probe_main() {
     printf("%d blocks, %d layers of a 7B's matrices: %.1f MB a step; spreads max-median/max-min of the blocks' ends, us\n",
            sms, kLayers, step_bytes * 1e-6);
     // work: about a 16 KB tile a microsecond a pipe (the megakernel's consumers, bench/NOTES.md 84)
-    const int work = 2000;
+    const int work = 2000, us = 1980;   // us: cycles a microsecond at the H200's SM clock
     const Variant variants[] = {
-        // name, hand-over, claim, work, x bytes, slots a pipe, in flight, prefetch, ignore, interleave
+        // name, hand-over, claim, work, x bytes, slots a pipe, in flight, prefetch, ignore, interleave, stall, tile bytes
+        {"static, no hand-over", 0, 0, 0, 0},
         {"static, no hand-over, work", 0, 0, work, 0},
+        {"static, hand-over, work 0", 1, 0, 0, 0},
+        {"static, hand-over, work / 2", 1, 0, work / 2, 0},
         {"static, hand-over, work", 1, 0, work, 0},
+        {"static, hand-over, work x 1.5", 1, 0, work * 3 / 2, 0},
+        {"static, hand-over + x 16 KB, work", 1, 0, work, 16384},
         {"static, hand-over + x 44 KB, work", 1, 0, work, 45056},
-        {"claim 1, no hand-over, work", 0, 1, work, 0},
-        {"static, hand-over, work, 3 slots", 1, 0, work, 0, 3},
-        {"static, hand-over + x 44 KB, work, 3 slots", 1, 0, work, 45056, 3},
-        {"static, hand-over, work, 3 slots, 2 in flight", 1, 0, work, 0, 3, 2},
-        {"static, hand-over, work, L2 ahead 1", 1, 0, work, 0, 2, 1, 1},
-        {"static, hand-over, work, L2 ahead 2", 1, 0, work, 0, 2, 1, 2},
-        {"static, hand-over, work, L2 ahead 4", 1, 0, work, 0, 2, 1, 4},
-        {"static, hand-over, work, 3 slots, L2 ahead 2", 1, 0, work, 0, 3, 1, 2},
+        {"static, no hand-over, work, stall 0.5 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us / 2},
+        {"static, no hand-over, work, stall 1 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us},
+        {"static, no hand-over, work, stall 2 us", 0, 0, work, 0, 2, 1, 0, 0, 0, 2 * us},
+        {"static, no hand-over, work, stall 4 us", 0, 0, work, 0, 2, 1, 0, 0, 0, 4 * us},
+        {"static, no hand-over, work, stall 2 us, 3 slots", 0, 0, work, 0, 3, 1, 0, 0, 0, 2 * us},
         {"static, hand-over, work, 4 not waited for", 1, 0, work, 0, 2, 1, 0, 4},
         {"static, hand-over, work, 13 not waited for", 1, 0, work, 0, 2, 1, 0, 13},
         {"static, hand-over, work, 33 not waited for", 1, 0, work, 0, 2, 1, 0, 33},
-        {"interleaved, hand-over, work", 1, 0, work, 0, 2, 1, 0, 0, 1},
         {"interleaved, no hand-over, work", 0, 0, work, 0, 2, 1, 0, 0, 1},
+        {"interleaved, hand-over, work", 1, 0, work, 0, 2, 1, 0, 0, 1},
+        {"claim 1, no hand-over, work", 0, 1, work, 0},
+        {"claim 1, hand-over, work", 1, 1, work, 0},
+        {"claim 2, hand-over, work", 1, 2, work, 0},
+        {"claim 4, hand-over, work", 1, 4, work, 0},
+        {"claim 1, hand-over, work, 3 slots", 1, 1, work, 0, 3},
+        {"static, hand-over, work, 2 in flight", 1, 0, work, 0, 2, 2},
+        {"static, hand-over, work, L2 ahead 1", 1, 0, work, 0, 2, 1, 1},
+        {"static, hand-over, work, L2 ahead 2", 1, 0, work, 0, 2, 1, 2},
+        {"static, hand-over, work, L2 ahead 4", 1, 0, work, 0, 2, 1, 4},
+        {"static, hand-over, work, 3 slots", 1, 0, work, 0, 3},
+        {"static, hand-over + x 44 KB, work, 3 slots", 1, 0, work, 45056, 3},
+        {"static, hand-over, work, 3 slots, 2 in flight", 1, 0, work, 0, 3, 2},
+        {"static, hand-over, work, 3 slots, L2 ahead 2", 1, 0, work, 0, 3, 1, 2},
+        {"static, hand-over, work, 8 KB x 4 a pipe", 1, 0, work / 2, 0, 4, 1, 0, 0, 0, 0, 8192},
+        {"static, hand-over, work, 8 KB x 5 a pipe", 1, 0, work / 2, 0, 5, 1, 0, 0, 0, 0, 8192},
+        {"static, hand-over, work, 8 KB x 6 a pipe", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192},
+        {"static, hand-over, work, 8 KB x 6, 2 in flight", 1, 0, work / 2, 0, 6, 2, 0, 0, 0, 0, 8192},
+        {"static, hand-over + x 44 KB, work, 8 KB x 5", 1, 0, work / 2, 45056, 5, 1, 0, 0, 0, 0, 8192},
     };
     for (int round = 0; round < 2; round++)
         for (const Variant &v : variants)
