@@ -5,7 +5,9 @@
 // step: kLayers layers of a 7B's four matrices (QKV, output projection, w1/w3, w2). Variants:
 //   hand-over   each block's consumers wait, at a matrix's start, until every block (or all but
 //               `ignore`) has counted the matrix before done (a release add a block, polled by
-//               an acquire load), then load x_bytes of an activation vector through L2, as the
+//               an acquire load; `relaxed`: either or both relaxed, to measure what the
+//               ordering costs, or the polls relaxed and one fence after them),
+//               then load x_bytes of an activation vector through L2, as the
 //               megakernel's stages do; the producers never wait for it (the next matrix's
 //               tiles stream into the ring)
 //   stall       instead of a hand-over, the consumers stop for a fixed time at each matrix's start
@@ -16,12 +18,15 @@
 //   slots, tile bytes, in flight, prefetch (tiles asked of L2 while the ring is full)
 // Each producer ends its share of a matrix with a marker slot (no copy), so that the consumers
 // need not know how many tiles they get. Prints each variant's time a step, its rate against
-// 4480 GB/s, and the spread of the blocks' ends of each matrix (max - median / max - min, the
-// median over layers, us). A wait that does not end within about a second is reported, not hung.
-// make bench/skew_probe && ./bench/skew_probe
+// 4480 GB/s, the spread of the blocks' ends of each matrix (max - median / max - min, the median
+// over layers, us) and, with hand-overs, the medians over blocks and matrices of the time from the
+// last block's count to a block passing its wait, and from its own count to passing it (us). A
+// wait that does not end within about a second is reported, not hung.
+// make bench/skew_probe && ./bench/skew_probe [a part of the variants' names: only those]
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "probe.h"   // CK
@@ -47,12 +52,15 @@ struct Probe {
     int interleave;    // static: block b takes tiles b, b + gridDim.x, ... instead of a contiguous share
     int stall;         // without hand-over: cycles the consumers stop for at each stage's start instead
     int tile_bytes;    // 16384 or 8192
+    int relaxed;       // bits: 1 the count relaxed, not release; 2 the polls relaxed, not acquire; 4 a
+                       // fence.acq_rel.gpu after the polls (1 or 2 without 4: wrong, a measurement)
     unsigned *counters;             // (kStages) blocks done
     unsigned *claims;               // (kStages) tiles claimed
     unsigned *consumed;             // (kStages) tiles consumed (a check)
     const float *x;                 // the activation vector the consumers load after a hand-over
     float *sink;                    // (gridDim.x) what the consumers read, so that nothing is optimised out
     unsigned long long *ends;       // (kStages, gridDim.x) when each block finished each stage (ns)
+    unsigned long long *passed;     // (kStages, gridDim.x) when each block's consumers passed the stage's hand-over (ns)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -96,6 +104,11 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, int byt
 __device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned load_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -184,10 +197,13 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             consumer_sync();
         }
         if (p.hand_over && s > 0) {
-            if (t == 0)
-                for (long long i = 0; load_acquire(p.counters + s - 1) < gridDim.x - p.ignore; i++)
+            if (t == 0) {
+                for (long long i = 0; (p.relaxed & 2 ? load_relaxed(p.counters + s - 1) : load_acquire(p.counters + s - 1)) < gridDim.x - p.ignore; i++)
                     if ((i & 1023) == 1023 && (stuck() || (i > (1 << 20) && give_up(4, s)))) break;
+                if (p.relaxed & 4) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            }
             consumer_sync();
+            if (t == 0) p.passed[(size_t)s * gridDim.x + blockIdx.x] = now_ns();
             for (int i = t; i < p.x_bytes / 16; i += kConsumers) acc ^= __float_as_uint(__ldcg(reinterpret_cast<const float4 *>(p.x) + i).x);
         }
         unsigned tiles = 0;
@@ -208,7 +224,8 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
         consumer_sync();
         if (t == 0) {
             p.ends[(size_t)s * gridDim.x + blockIdx.x] = now_ns();
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
+            if (p.relaxed & 1) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
+            else asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
         }
     }
     if (acc == 0x12345678u) p.sink[blockIdx.x] = 1.0f;
@@ -234,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) skew_kernel(Probe p) {
 struct Variant {
     const char *name;
     int hand_over, claim, work, x_bytes, slots = 2, in_flight = 1, prefetch = 0, ignore = 0, interleave = 0, stall = 0,
-        tile_bytes = kTileBytes;
+        tile_bytes = kTileBytes, relaxed = 0;
 };
 
 const Stuck *g_host_stuck;
@@ -247,7 +264,7 @@ double median(std::vector<double> v) {
 // Runs a variant `reps` times after a warm-up; prints its median time a step and the spreads.
 int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_bytes) {
     p.hand_over = v.hand_over, p.claim = v.claim, p.work = v.work, p.x_bytes = v.x_bytes, p.slots = v.slots, p.in_flight = v.in_flight;
-    p.stall = v.stall, p.tile_bytes = v.tile_bytes;
+    p.stall = v.stall, p.tile_bytes = v.tile_bytes, p.relaxed = v.relaxed;
     if (p.slots * kPipes * p.tile_bytes > kRingBytes) return fprintf(stderr, "%s: the ring does not fit\n", v.name), 1;
     long long tiles = 0;   // the stages' tiles at this size
     for (int s = 0; s < kStages; s++) p.first_tile[s] = tiles, p.tiles[s] = kTilesOf[s % kMatrices] * (kTileBytes / p.tile_bytes), tiles += p.tiles[s];
@@ -257,7 +274,8 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     std::vector<double> ms;
-    std::vector<unsigned long long> ends((size_t)kStages * blocks);
+    std::vector<unsigned long long> ends((size_t)kStages * blocks), passed(ends.size());
+    std::vector<double> seen, stopped;   // a hand-over: the last count to a block passing; a block's own end to passing
     std::vector<std::vector<double>> spread(kMatrices), range(kMatrices);
     for (int r = 0; r <= reps; r++) {
         CK(cudaMemset(p.counters, 0, kStages * sizeof(unsigned)));
@@ -280,6 +298,12 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
         if (r == 0) continue;   // the warm-up
         ms.push_back(t);
         CK(cudaMemcpy(ends.data(), p.ends, ends.size() * sizeof(ends[0]), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(passed.data(), p.passed, passed.size() * sizeof(passed[0]), cudaMemcpyDeviceToHost));
+        for (int s = 1; p.hand_over && s < kStages; s++) {
+            const unsigned long long *e = &ends[(size_t)(s - 1) * blocks], *q = &passed[(size_t)s * blocks];
+            const unsigned long long last = *std::max_element(e, e + blocks);
+            for (int b = 0; b < blocks; b++) seen.push_back((double)(long long)(q[b] - last) * 1e-3), stopped.push_back((q[b] - e[b]) * 1e-3);
+        }
         for (int s = 0; s < kStages; s++) {
             std::vector<double> e(ends.begin() + (size_t)s * blocks, ends.begin() + (size_t)(s + 1) * blocks);
             std::sort(e.begin(), e.end());
@@ -290,13 +314,14 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
     const double t = median(ms) * 1e-3, gbs = step_bytes / t * 1e-9;
     printf("%-48s %6.1f us %7.0f GB/s %5.1f%%", v.name, t * 1e6, gbs, 100.0 * gbs / 4480.0);
     for (int m = 0; m < kMatrices; m++) printf("  %s %.2f/%.2f", kNames[m], median(spread[m]), median(range[m]));
+    if (v.hand_over) printf("  hand-over %.2f, stopped %.2f", median(seen), median(stopped));
     printf("\n");
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
     return 0;
 }
 
-int probe_main() {
+int probe_main(const char *only) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     Stuck *stuck;
     CK(cudaHostAlloc(&stuck, sizeof(Stuck), cudaHostAllocMapped));
@@ -324,6 +349,7 @@ int probe_main() {
     CK(cudaMalloc(&p.claims, kStages * sizeof(unsigned)));
     CK(cudaMalloc(&p.consumed, kStages * sizeof(unsigned)));
     CK(cudaMalloc(&p.ends, (size_t)kStages * sms * sizeof(unsigned long long)));
+    CK(cudaMalloc(&p.passed, (size_t)kStages * sms * sizeof(unsigned long long)));
     CK(cudaMalloc(&p.sink, sms * sizeof(float)));
     float *x;
     CK(cudaMalloc(&x, 65536));
@@ -343,6 +369,12 @@ int probe_main() {
         {"static, hand-over, work x 1.5", 1, 0, work * 3 / 2, 0},
         {"static, hand-over + x 16 KB, work", 1, 0, work, 16384},
         {"static, hand-over + x 44 KB, work", 1, 0, work, 45056},
+        {"static, hand-over relaxed, work 0", 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 3},
+        {"static, hand-over relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 3},
+        {"static, hand-over, count relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 1},
+        {"static, hand-over, polls relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 2},
+        {"static, hand-over, polls relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 6},
+        {"static, hand-over relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 7},
         {"static, no hand-over, work, stall 0.5 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us / 2},
         {"static, no hand-over, work, stall 1 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us},
         {"static, no hand-over, work, stall 2 us", 0, 0, work, 0, 2, 1, 0, 0, 0, 2 * us},
@@ -374,10 +406,10 @@ int probe_main() {
     };
     for (int round = 0; round < 2; round++)
         for (const Variant &v : variants)
-            if (run_variant(v, p, sms, 5, step_bytes)) return 1;
+            if (strstr(v.name, only) && run_variant(v, p, sms, 5, step_bytes)) return 1;
     return 0;
 }
 
 }  // namespace
 
-int main() { return probe_main(); }
+int main(int argc, char **argv) { return probe_main(argc > 1 ? argv[1] : ""); }
