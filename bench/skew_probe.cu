@@ -53,7 +53,8 @@ struct Probe {
     int stall;         // without hand-over: cycles the consumers stop for at each stage's start instead
     int tile_bytes;    // 16384 or 8192
     int relaxed;       // bits: 1 the count relaxed, not release; 2 the polls relaxed, not acquire; 4 a
-                       // fence.acq_rel.gpu after the polls (1 or 2 without 4: wrong, a measurement)
+                       // fence.acq_rel.gpu after the polls (1 or 2 without 4: wrong, a measurement);
+                       // 8 the block's own stores (its end's time, its tile count) after its count
     unsigned *counters;             // (kStages) blocks done
     unsigned *claims;               // (kStages) tiles claimed
     unsigned *consumed;             // (kStages) tiles consumed (a check)
@@ -220,13 +221,17 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             }
             mbar_arrive(smem_u32(&empty[slot]));   // the marker's slot too: its producer reuses it
         }
-        if (lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
+        const bool stores_after = p.relaxed & 8;   // the block's own stores after its count, none before
+        if (!stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
         consumer_sync();
         if (t == 0) {
-            p.ends[(size_t)s * gridDim.x + blockIdx.x] = now_ns();
+            const unsigned long long end = now_ns();
+            if (!stores_after) p.ends[(size_t)s * gridDim.x + blockIdx.x] = end;
             if (p.relaxed & 1) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
             else asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
+            if (stores_after) p.ends[(size_t)s * gridDim.x + blockIdx.x] = end;
         }
+        if (stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
     }
     if (acc == 0x12345678u) p.sink[blockIdx.x] = 1.0f;
 }
@@ -375,6 +380,9 @@ int probe_main(const char *only) {
         {"static, hand-over, polls relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 2},
         {"static, hand-over, polls relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 6},
         {"static, hand-over relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 7},
+        {"static, hand-over, no store before the count, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 8},
+        {"static, hand-over, no store before the count, 2 in flight", 1, 0, work, 0, 2, 2, 0, 0, 0, 0, kTileBytes, 8},
+        {"static, hand-over, no store before the count, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, 8},
         {"static, no hand-over, work, stall 0.5 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us / 2},
         {"static, no hand-over, work, stall 1 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us},
         {"static, no hand-over, work, stall 2 us", 0, 0, work, 0, 2, 1, 0, 0, 0, 2 * us},
