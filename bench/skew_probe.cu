@@ -54,7 +54,9 @@ struct Probe {
     int tile_bytes;    // 16384 or 8192
     int relaxed;       // bits: 1 the count relaxed, not release; 2 the polls relaxed, not acquire; 4 a
                        // fence.acq_rel.gpu after the polls (1 or 2 without 4: wrong, a measurement);
-                       // 8 the block's own stores (its end's time, its tile count) after its count
+                       // 8 the block's own stores (its end's time, its tile count) after its count;
+                       // 16 no copy of a matrix's tiles until the block has counted the matrix
+                       // before (so that none is in flight at its release)
     unsigned *counters;             // (kStages) blocks done
     unsigned *claims;               // (kStages) tiles claimed
     unsigned *consumed;             // (kStages) tiles consumed (a check)
@@ -169,6 +171,8 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
                 step = kPipes;
             }
             list_end = end, list_step = step, prefetched = -1;
+            if (p.relaxed & 16)
+                while (s > 0 && *(volatile int *)&header[kSlots] < s - 1) {}
             for (int t = first; t < end; t += step) put(s, t);
         } else {
             unsigned next = atomicAdd(&p.claims[s], p.claim);
@@ -230,6 +234,7 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             if (p.relaxed & 1) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
             else asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
             if (stores_after) p.ends[(size_t)s * gridDim.x + blockIdx.x] = end;
+            *(volatile int *)&header[kSlots] = s;   // counted: the producers may copy again (bit 16)
         }
         if (stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
     }
@@ -239,8 +244,9 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
 __global__ void __launch_bounds__(kThreads, 1) skew_kernel(Probe p) {
     extern __shared__ __align__(1024) uint8_t ring[];
     __shared__ uint64_t full[kSlots], empty[kSlots];
-    __shared__ int header[kSlots];
+    __shared__ int header[kSlots + 1];   // each slot's stage or kEnd; then the stage the block counted last
     if (threadIdx.x == 0) {
+        header[kSlots] = -1;
         for (int i = 0; i < kSlots; i++) mbar_init(smem_u32(&full[i]), 1), mbar_init(smem_u32(&empty[i]), kGroupThreads);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -381,6 +387,8 @@ int probe_main(const char *only) {
         {"static, hand-over, polls relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 6},
         {"static, hand-over relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 7},
         {"static, hand-over, no store before the count, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 8},
+        {"static, hand-over, copies held until counted, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 16},
+        {"static, hand-over, copies held until counted, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, 16},
         {"static, hand-over, no store before the count, 2 in flight", 1, 0, work, 0, 2, 2, 0, 0, 0, 0, kTileBytes, 8},
         {"static, hand-over, no store before the count, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, 8},
         {"static, no hand-over, work, stall 0.5 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us / 2},
