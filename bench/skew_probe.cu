@@ -172,7 +172,8 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
             }
             list_end = end, list_step = step, prefetched = -1;
             if (p.relaxed & 16)
-                while (s > 0 && *(volatile int *)&header[kSlots] < s - 1) {}
+                for (long long i = 0; s > 0 && *(volatile int *)&header[kSlots] < s - 1; i++)
+                    if ((i & 1023) == 1023 && (stuck() || (i > (1 << 24) && give_up(5, s)))) break;
             for (int t = first; t < end; t += step) put(s, t);
         } else {
             unsigned next = atomicAdd(&p.claims[s], p.claim);
@@ -300,7 +301,7 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
         float t;
         CK(cudaEventElapsedTime(&t, a, b));
         if (const Stuck *k = g_host_stuck; k->what)
-            return fprintf(stderr, "%s: wait %d (1 empty, 2 in flight, 3 full, 4 count) of block %d thread %d at stage %d did not end\n",
+            return fprintf(stderr, "%s: wait %d (1 empty, 2 in flight, 3 full, 4 count, 5 held) of block %d thread %d at stage %d did not end\n",
                            v.name, k->what, k->block, k->thread, k->stage), 1;
         unsigned consumed[kStages];
         CK(cudaMemcpy(consumed, p.consumed, sizeof consumed, cudaMemcpyDeviceToHost));
