@@ -16,8 +16,10 @@
 //               matrix's counter (one claim ahead)
 //   work        cycles a consumer warp group spends on a tile after it has landed (its math)
 //   slots, tile bytes, in flight, prefetch (tiles asked of L2 while the ring is full)
-// Each producer ends its share of a matrix with a marker slot (no copy), so that the consumers
-// need not know how many tiles they get. Prints each variant's time a step, its rate against
+// With claims each producer ends its share of a matrix with a marker slot (no copy), since the
+// consumers cannot know how many tiles they get; static shares need none (a marker would take a
+// slot at every matrix's end, which the megakernel's ring does not). Prints each variant's time
+// a step, its rate against
 // 4480 GB/s, the spread of the blocks' ends of each matrix (max - median / max - min, the median
 // over layers, us) and, with hand-overs, the medians over blocks and matrices of the time from the
 // last block's count to a block passing its wait, and from its own count to passing it (us). A
@@ -128,7 +130,19 @@ struct Cursor {
     __device__ int parity() const { return (n / per_pipe) & 1; }
 };
 
-// Producer lane 0 of pipe `pipe`: its tiles of every stage, then a marker a stage.
+// Static shares: pipe `pipe`'s tiles of a stage of T tiles are first, first + step, ... < end.
+struct TileList {
+    int first, end, step;
+    __device__ int count() const { return first < end ? (end - first + step - 1) / step : 0; }
+};
+__device__ TileList static_list(const Probe &p, int T, int pipe) {
+    if (p.interleave) return {(int)(blockIdx.x + gridDim.x * pipe), T, (int)gridDim.x * kPipes};
+    return {(int)((long long)T * blockIdx.x / gridDim.x) + pipe, (int)((long long)T * (blockIdx.x + 1) / gridDim.x), kPipes};
+}
+
+// Producer lane 0 of pipe `pipe`: its tiles of every stage; with claims, a marker after a stage's
+// (static shares need none: the consumers know their tiles, and the ring runs on across stages as
+// the megakernel's does).
 __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, uint64_t *full, uint64_t *empty) {
     uint64_t policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -163,18 +177,12 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
     for (int s = 0; s < kStages; s++) {
         const int T = p.tiles[s];
         if (p.claim == 0) {
-            int first, end, step;
-            if (p.interleave) {
-                first = blockIdx.x + gridDim.x * pipe, end = T, step = gridDim.x * kPipes;
-            } else {
-                first = (int)((long long)T * blockIdx.x / gridDim.x) + pipe, end = (int)((long long)T * (blockIdx.x + 1) / gridDim.x);
-                step = kPipes;
-            }
-            list_end = end, list_step = step, prefetched = -1;
+            const TileList l = static_list(p, T, pipe);
+            list_end = l.end, list_step = l.step, prefetched = -1;
             if (p.relaxed & 16)
                 for (long long i = 0; s > 0 && *(volatile int *)&header[kSlots] < s - 1; i++)
                     if ((i & 1023) == 1023 && (stuck() || (i > (1 << 24) && give_up(5, s)))) break;
-            for (int t = first; t < end; t += step) put(s, t);
+            for (int t = l.first; t < l.end; t += l.step) put(s, t);
         } else {
             unsigned next = atomicAdd(&p.claims[s], p.claim);
             for (;;) {
@@ -183,13 +191,14 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
                 next = atomicAdd(&p.claims[s], p.claim);   // one claim ahead: its answer is needed a chunk later
                 for (int t = at; t < min(at + p.claim, T); t++) put(s, t);
             }
+            put(s, kEnd);
         }
-        put(s, kEnd);
     }
 }
 
 // Consumer warp group `pipe`: each stage's hand-over (thread 0 polls, every consumer loads its
-// part of x), then its pipe's tiles until the marker, then the block's count.
+// part of x), then its pipe's tiles (static: as many as its list holds; claims: until the
+// marker), then the block's count.
 __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int *header, uint64_t *full,
                         uint64_t *empty) {
     const int t = threadIdx.x, lane = t % kGroupThreads;
@@ -213,18 +222,19 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             for (int i = t; i < p.x_bytes / 16; i += kConsumers) acc ^= __float_as_uint(__ldcg(reinterpret_cast<const float4 *>(p.x) + i).x);
         }
         unsigned tiles = 0;
-        for (bool end = false; !end; c.n++) {
+        const int expected = p.claim ? -1 : static_list(p, p.tiles[s], pipe).count();
+        for (bool end = expected == 0; !end; c.n++) {
             const int slot = c.slot(pipe);
             mbar_wait(smem_u32(&full[slot]), c.parity(), 3, s);
-            end = header[slot] == kEnd;
-            if (!end) {
+            end = header[slot] == kEnd || (int)tiles + 1 == expected;   // a marker, or the list's last tile
+            if (header[slot] != kEnd) {
                 const long long t0 = clock64();
                 const uint4 *tile = reinterpret_cast<const uint4 *>(ring + (size_t)slot * p.tile_bytes);
                 for (int i = lane; i < p.tile_bytes / 16; i += kGroupThreads) acc ^= tile[i].x ^ tile[i].w;
                 while (clock64() - t0 < p.work) {}
                 tiles++;
             }
-            mbar_arrive(smem_u32(&empty[slot]));   // the marker's slot too: its producer reuses it
+            mbar_arrive(smem_u32(&empty[slot]));   // a marker's slot too: its producer reuses it
         }
         const bool stores_after = p.relaxed & 8;   // the block's own stores after its count, none before
         if (!stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
