@@ -140,9 +140,9 @@ __device__ TileList static_list(const Probe &p, int T, int pipe) {
     return {(int)((long long)T * blockIdx.x / gridDim.x) + pipe, (int)((long long)T * (blockIdx.x + 1) / gridDim.x), kPipes};
 }
 
-// Producer lane 0 of pipe `pipe`: its tiles of every stage; with claims, a marker after a stage's
-// (static shares need none: the consumers know their tiles, and the ring runs on across stages as
-// the megakernel's does).
+// Producer lane 0 of pipe `pipe`: its tiles of every stage, and with claims a marker after each
+// stage's (static shares need none: the consumers know their tiles, and the ring runs on across
+// stages as the megakernel's does).
 __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, uint64_t *full, uint64_t *empty) {
     uint64_t policy;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
