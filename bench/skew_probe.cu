@@ -5,7 +5,7 @@
 // step: kLayers layers of a 7B's four matrices (QKV, output projection, w1/w3, w2). Variants:
 //   hand-over   each block's consumers wait, at a matrix's start, until every block (or all but
 //               `ignore`) has counted the matrix before done (a release add a block, polled by
-//               an acquire load; `relaxed`: either or both relaxed, to measure what the
+//               an acquire load; `order`: either or both relaxed, to measure what the
 //               ordering costs, or the polls relaxed and one fence after them),
 //               then load x_bytes of an activation vector through L2, as the
 //               megakernel's stages do; the producers never wait for it (the next matrix's
@@ -44,6 +44,17 @@ constexpr int kLayers = 8, kMatrices = 4, kStages = kLayers * kMatrices, kEnd = 
 constexpr int kTilesOf[kMatrices] = {3072, 1024, 5504, 2752};
 constexpr const char *kNames[kMatrices] = {"QKV", "output", "w1/w3", "w2"};
 
+// How a hand-over orders its memory (Probe::order; kCountRelaxed or kPollsRelaxed without
+// kPollFence: wrong as a schedule, a measurement only).
+enum HandOver {
+    kCountRelaxed = 1,   // the count a relaxed add, not a release
+    kPollsRelaxed = 2,   // the polls relaxed loads, not acquire
+    kPollFence = 4,      // one fence.acq_rel.gpu after the polls
+    kStoresAfter = 8,    // the block's own stores (its end's time, its tile count) after its count
+    kHoldCopies = 16,    // no copy of a matrix's tiles until the block has counted the matrix before
+                         // (so that none is in flight at its release)
+};
+
 struct Probe {
     const uint8_t *w;               // the step's tiles, stage after stage
     long long first_tile[kStages];  // each stage's first tile in w
@@ -54,11 +65,7 @@ struct Probe {
     int interleave;    // static: block b takes tiles b, b + gridDim.x, ... instead of a contiguous share
     int stall;         // without hand-over: cycles the consumers stop for at each stage's start instead
     int tile_bytes;    // 16384 or 8192
-    int relaxed;       // bits: 1 the count relaxed, not release; 2 the polls relaxed, not acquire; 4 a
-                       // fence.acq_rel.gpu after the polls (1 or 2 without 4: wrong, a measurement);
-                       // 8 the block's own stores (its end's time, its tile count) after its count;
-                       // 16 no copy of a matrix's tiles until the block has counted the matrix
-                       // before (so that none is in flight at its release)
+    int order;         // the hand-over's ordering: HandOver bits (0: release add, acquire polls)
     unsigned *counters;             // (kStages) blocks done
     unsigned *claims;               // (kStages) tiles claimed
     unsigned *consumed;             // (kStages) tiles consumed (a check)
@@ -179,7 +186,7 @@ __device__ void produce(const Probe &p, int pipe, uint8_t *ring, int *header, ui
         if (p.claim == 0) {
             const TileList l = static_list(p, T, pipe);
             list_end = l.end, list_step = l.step, prefetched = -1;
-            if (p.relaxed & 16)
+            if (p.order & kHoldCopies)
                 for (long long i = 0; s > 0 && *(volatile int *)&header[kSlots] < s - 1; i++)
                     if ((i & 1023) == 1023 && (stuck() || (i > (1 << 24) && give_up(5, s)))) break;
             for (int t = l.first; t < l.end; t += l.step) put(s, t);
@@ -213,9 +220,9 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
         }
         if (p.hand_over && s > 0) {
             if (t == 0) {
-                for (long long i = 0; (p.relaxed & 2 ? load_relaxed(p.counters + s - 1) : load_acquire(p.counters + s - 1)) < gridDim.x - p.ignore; i++)
+                for (long long i = 0; (p.order & kPollsRelaxed ? load_relaxed(p.counters + s - 1) : load_acquire(p.counters + s - 1)) < gridDim.x - p.ignore; i++)
                     if ((i & 1023) == 1023 && (stuck() || (i > (1 << 20) && give_up(4, s)))) break;
-                if (p.relaxed & 4) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+                if (p.order & kPollFence) asm volatile("fence.acq_rel.gpu;" ::: "memory");
             }
             consumer_sync();
             if (t == 0) p.passed[(size_t)s * gridDim.x + blockIdx.x] = now_ns();
@@ -236,16 +243,16 @@ __device__ void consume(const Probe &p, int pipe, const uint8_t *ring, const int
             }
             mbar_arrive(smem_u32(&empty[slot]));   // a marker's slot too: its producer reuses it
         }
-        const bool stores_after = p.relaxed & 8;   // the block's own stores after its count, none before
+        const bool stores_after = p.order & kStoresAfter;   // the block's own stores after its count, none before
         if (!stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
         consumer_sync();
         if (t == 0) {
             const unsigned long long end = now_ns();
             if (!stores_after) p.ends[(size_t)s * gridDim.x + blockIdx.x] = end;
-            if (p.relaxed & 1) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
+            if (p.order & kCountRelaxed) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
             else asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.counters + s) : "memory");
             if (stores_after) p.ends[(size_t)s * gridDim.x + blockIdx.x] = end;
-            *(volatile int *)&header[kSlots] = s;   // counted: the producers may copy again (bit 16)
+            *(volatile int *)&header[kSlots] = s;   // counted: the producers may copy again (kHoldCopies)
         }
         if (stores_after && lane == 0 && tiles) atomicAdd(p.consumed + s, tiles);
     }
@@ -273,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) skew_kernel(Probe p) {
 struct Variant {
     const char *name;
     int hand_over, claim, work, x_bytes, slots = 2, in_flight = 1, prefetch = 0, ignore = 0, interleave = 0, stall = 0,
-        tile_bytes = kTileBytes, relaxed = 0;
+        tile_bytes = kTileBytes, order = 0;
 };
 
 const Stuck *g_host_stuck;
@@ -286,7 +293,7 @@ double median(std::vector<double> v) {
 // Runs a variant `reps` times after a warm-up; prints its median time a step and the spreads.
 int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_bytes) {
     p.hand_over = v.hand_over, p.claim = v.claim, p.work = v.work, p.x_bytes = v.x_bytes, p.slots = v.slots, p.in_flight = v.in_flight;
-    p.stall = v.stall, p.tile_bytes = v.tile_bytes, p.relaxed = v.relaxed;
+    p.stall = v.stall, p.tile_bytes = v.tile_bytes, p.order = v.order;
     if (p.slots * kPipes * p.tile_bytes > kRingBytes) return fprintf(stderr, "%s: the ring does not fit\n", v.name), 1;
     long long tiles = 0;   // the stages' tiles at this size
     for (int s = 0; s < kStages; s++) p.first_tile[s] = tiles, p.tiles[s] = kTilesOf[s % kMatrices] * (kTileBytes / p.tile_bytes), tiles += p.tiles[s];
@@ -382,7 +389,7 @@ int probe_main(const char *only) {
     // work: about a 16 KB tile a microsecond a pipe (the megakernel's consumers, bench/NOTES.md 84)
     const int work = 2000, us = 1980;   // us: cycles a microsecond at the H200's SM clock
     const Variant variants[] = {
-        // name, hand-over, claim, work, x bytes, slots a pipe, in flight, prefetch, ignore, interleave, stall, tile bytes
+        // name, hand-over, claim, work, x bytes, slots a pipe, in flight, prefetch, ignore, interleave, stall, tile bytes, order
         {"static, no hand-over", 0, 0, 0, 0},
         {"static, no hand-over, work", 0, 0, work, 0},
         {"static, hand-over, work 0", 1, 0, 0, 0},
@@ -391,17 +398,17 @@ int probe_main(const char *only) {
         {"static, hand-over, work x 1.5", 1, 0, work * 3 / 2, 0},
         {"static, hand-over + x 16 KB, work", 1, 0, work, 16384},
         {"static, hand-over + x 44 KB, work", 1, 0, work, 45056},
-        {"static, hand-over relaxed, work 0", 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 3},
-        {"static, hand-over relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 3},
-        {"static, hand-over, count relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 1},
-        {"static, hand-over, polls relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 2},
-        {"static, hand-over, polls relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 6},
-        {"static, hand-over relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 7},
-        {"static, hand-over, no store before the count, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 8},
-        {"static, hand-over, copies held until counted, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, 16},
-        {"static, hand-over, copies held until counted, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, 16},
-        {"static, hand-over, no store before the count, 2 in flight", 1, 0, work, 0, 2, 2, 0, 0, 0, 0, kTileBytes, 8},
-        {"static, hand-over, no store before the count, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, 8},
+        {"static, hand-over relaxed, work 0", 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kCountRelaxed | kPollsRelaxed},
+        {"static, hand-over relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kCountRelaxed | kPollsRelaxed},
+        {"static, hand-over, count relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kCountRelaxed},
+        {"static, hand-over, polls relaxed, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kPollsRelaxed},
+        {"static, hand-over, polls relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kPollsRelaxed | kPollFence},
+        {"static, hand-over relaxed + fence, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kCountRelaxed | kPollsRelaxed | kPollFence},
+        {"static, hand-over, no store before the count, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kStoresAfter},
+        {"static, hand-over, copies held until counted, work", 1, 0, work, 0, 2, 1, 0, 0, 0, 0, kTileBytes, kHoldCopies},
+        {"static, hand-over, copies held until counted, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, kHoldCopies},
+        {"static, hand-over, no store before the count, 2 in flight", 1, 0, work, 0, 2, 2, 0, 0, 0, 0, kTileBytes, kStoresAfter},
+        {"static, hand-over, no store before the count, 8 KB x 6", 1, 0, work / 2, 0, 6, 1, 0, 0, 0, 0, 8192, kStoresAfter},
         {"static, no hand-over, work, stall 0.5 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us / 2},
         {"static, no hand-over, work, stall 1 us", 0, 0, work, 0, 2, 1, 0, 0, 0, us},
         {"static, no hand-over, work, stall 2 us", 0, 0, work, 0, 2, 1, 0, 0, 0, 2 * us},
