@@ -50,11 +50,11 @@
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
-// run, with the time the tile loops waited for their tiles),
-// MK_NO_MATH (the ring streamed, nothing computed), MK_NO_FINISH (no unit's rows finished),
-// MK_NO_WAIT (no stage waits for the one before), MK_NO_COPY (no weights copied: the slots
-// handed to the consumers as they are) and MK_FREE (the hand-overs into the stages that the
-// environment variable MK_FREE names not waited for: mk_free), all wrong results.
+// run, with the time the tile loops waited for their tiles), MK_NO_MATH (the ring streamed,
+// nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the
+// one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and
+// MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not waited
+// for: mk_free), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
