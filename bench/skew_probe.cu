@@ -438,6 +438,9 @@ int probe_main(const char *only) {
         {"static, hand-over, work, 8 KB x 6, 2 in flight", 1, 0, work / 2, 0, 6, 2, 0, 0, 0, 0, 8192},
         {"static, hand-over + x 44 KB, work, 8 KB x 5", 1, 0, work / 2, 45056, 5, 1, 0, 0, 0, 0, 8192},
     };
+    bool any = false;
+    for (const Variant &v : variants) any = any || strstr(v.name, only);
+    if (!any) return fprintf(stderr, "skew_probe: no variant's name contains \"%s\"\n", only), 1;
     for (int round = 0; round < 2; round++)
         for (const Variant &v : variants)
             if (strstr(v.name, only) && run_variant(v, p, sms, 5, step_bytes)) return 1;
@@ -446,4 +449,7 @@ int probe_main(const char *only) {
 
 }  // namespace
 
-int main(int argc, char **argv) { return probe_main(argc > 1 ? argv[1] : ""); }
+int main(int argc, char **argv) {
+    if (argc > 2) return fprintf(stderr, "usage: skew_probe [a part of the variants' names]\n"), 1;
+    return probe_main(argc > 1 ? argv[1] : "");
+}
