@@ -131,6 +131,9 @@ bench/mma_probe: bench/mma_probe.cu bench/probe.h
 # The weights' stream alone, with and without hand-overs, tiles static or claimed (bench/NOTES.md 91)
 bench/skew_probe: bench/skew_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/skew_probe.cu
+
+bench/tile_probe: bench/tile_probe.cu bench/probe.h $(CUDA_SRC)
+	$(NVCC) $(NVFLAGS) -o $@ bench/tile_probe.cu -lcublas
 # bench/tune.sh: run built again with other values of the kernels' constants and options (-D...),
 # several variants side by side once tune-objects are built
 tune-objects: obj/run.o $(ENGINE_OBJ)
@@ -154,7 +157,7 @@ bench/cpu_read: bench/cpu_read.c engine/util.c engine/util.h
 	$(CC) $(CFLAGS) -march=native -o $@ bench/cpu_read.c engine/util.c $(LDLIBS)
 
 clean:
-	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/mma_probe bench/skew_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/mma_probe bench/skew_probe bench/tile_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing: libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
