@@ -30,10 +30,9 @@ __device__ unsigned probe_hash(unsigned i) {
 // barriers (two slots a pipe), without copies; 4, the same with each tile copied in by the copy
 // engine (cp.async.bulk) from a few tiles of the block's own (20 MB in all, so from L2): the
 // copies' writes into shared memory beside the consumers' loads.
-// 5: as 0, with x's digits held in registers while a pipe's tiles keep their columns (MK_X_REGS).
-constexpr int kProbeModes = 6;
-constexpr const char *kModeNames[kProbeModes] = {"back to back",    "compiler barrier",     "slot barriers",
-                                                 "ring, no copies", "ring, copies from L2", "digits held"};
+constexpr int kProbeModes = 5;
+constexpr const char *kModeNames[kProbeModes] = {"back to back", "compiler barrier", "slot barriers", "ring, no copies",
+                                                 "ring, copies from L2"};
 constexpr int kProbeThreads = kMkConsumers + 32 * kMkPipes, kSourceTiles = 8;
 
 __device__ __forceinline__ uint32_t probe_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -96,8 +95,6 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
     const int col_tiles = kProbeStride / kMkCols, gshift = 31 - __clz(kGs);
     float acc[2] = {0.0f, 0.0f};
-    uint2 held[kMkSteps];   // mode 5: x's digits of the warp's columns held_k0 ..
-    int held_k0 = -1;
     if (pipe < pipes) {
         const long long t0 = clock64();
         for (int i = 0; i < kProbeRounds * tiles; i++) {
@@ -109,12 +106,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
             if (mode == 1) asm volatile("" ::: "memory");
             if (mode == 2) mbar_wait(probe_smem(&bars[0]), 0);
             if (ring_mode) mbar_wait(probe_smem(&full[slot]), (i / (kProbeSlots / kMkPipes)) & 1);
-            if (mode == 5) {
-                if (held_k0 != c0 + kMkSpan * warp) mk_hold_digits(held, xs, c0 + kMkSpan * warp), held_k0 = c0 + kMkSpan * warp;
-                mk_tile_math<kGroupSteps, true>(acc, tile, xs, held, f, c0, c0 + kMkSpan * warp, kProbeStride, gshift);
-            } else {
-                mk_tile_math<kGroupSteps, false>(acc, tile, xs, nullptr, f, c0, c0 + kMkSpan * warp, kProbeStride, gshift);
-            }
+            mk_tile_math<kGroupSteps>(acc, tile, xs, f, c0, c0 + kMkSpan * warp, kProbeStride, gshift);
             if (mode == 2) mbar_arrive(probe_smem(&bars[1]));
             if (ring_mode) mbar_arrive(probe_smem(&empty[slot]));
         }

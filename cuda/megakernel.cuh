@@ -48,15 +48,14 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_HOLD, MK_PAIRED_SCALES, MK_X_REGS; for
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, instead,
-// block thread 0's cycles waiting for its tiles and in their arithmetic), MK_NO_MATH (the ring streamed,
-// nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the
-// one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and
-// MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not waited
-// for: mk_free), all wrong results.
+// block thread 0's cycles waiting for its tiles and in their arithmetic), MK_NO_MATH (the ring
+// streamed, nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits
+// for the one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they
+// are) and MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not
+// waited for: mk_free), all wrong results.
 #ifndef MK_SLOTS
 #define MK_SLOTS 8
 #endif
@@ -83,12 +82,6 @@ constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 
 // stream, which still keeps DRAM busy (bench/NOTES.md 66).
 #ifndef MK_IN_FLIGHT
 #define MK_IN_FLIGHT 1
-#endif
-// MK_HOLD (default off; measured, bench/NOTES.md 92): after a counted linear stage's last tile,
-// the producers copy nothing until the block has counted it, so that no copy is in flight at its
-// release.
-#ifndef MK_HOLD
-#define MK_HOLD 0
 #endif
 // MK_EVICT_FIRST (default on; 0 for the A/B): the weights' copies marked first to leave L2, so
 // that the activations, norm weights and KV cache stay there (bench/NOTES.md 51).
@@ -316,16 +309,6 @@ struct MkRing {
 // mk_imma: row g's 4 bytes at 8c of the step, row g + 8's 4 there, row g's 4 at 8c + 4, row g + 8's
 // 4 there (one 16-byte load a step into the MMA's registers as they are). Rows past the unit's and
 // columns past the row are zeros; a partial column tile's steps past the row are not copied.
-// MK_PAIRED_SCALES (default off; measured, bench/NOTES.md 92): a record's scales group by group,
-// rows g and g + 8 side by side ((groups, 8, 2)), so that a lane's two scales of a group are one
-// 8-byte load and a warp's eight rows one shared-memory wavefront; 0: row by row ((kMkRows,
-// groups)).
-#ifndef MK_PAIRED_SCALES
-#define MK_PAIRED_SCALES 0
-#endif
-__host__ __device__ __forceinline__ int mk_scale_at(int row, int group, int per_row) {
-    return MK_PAIRED_SCALES ? group * kMkRows + 2 * (row % 8) + row / 8 : row * per_row + group;
-}
 __host__ __device__ __forceinline__ int mk_record_bytes(int gs) { return kMkTileBytes + kMkRows * mk_groups_a_row(gs) * 4; }
 __host__ __device__ __forceinline__ int mk_tiles_a_unit(const MkStage &st) {
     const int rows = (st.pair ? 2 : 1) * st.a.tma_rows;
@@ -359,7 +342,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     float *scales = reinterpret_cast<float *>(rec + kMkTileBytes);
     for (int e = threadIdx.x; e < kMkRows * per_row; e += blockDim.x) {
         const int row = p0 + e / per_row, k = e % per_row;
-        scales[mk_scale_at(e / per_row, k, per_row)] = row < b.prows && k < n ? r.s(row)[g0 + k] : 0.0f;
+        scales[e] = row < b.prows && k < n ? r.s(row)[g0 + k] : 0.0f;
     }
 }
 
@@ -400,22 +383,12 @@ struct MkCursor {
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
 // A partial column tile leaves its slot's later steps as an earlier tile left them: the consumers
 // multiply those bytes by x's digits past K, which mk_stage_x writes as zeros.
-__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty, const volatile int *counted) {
+__device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint32_t empty) {
     const int pipe = (threadIdx.x - kMkConsumers) / 32;
     if (threadIdx.x % 32) return;
     MkRing at;
     const uint64_t policy = l2_policy(MK_EVICT_FIRST);
-#if MK_HOLD
-    int stage = -1;
-#else
-    (void)counted;
-#endif
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
-#if MK_HOLD
-        if (tile.s != stage && stage >= 0 && p.stages[stage].count)
-            while (*counted < stage) __nanosleep(32);
-        stage = tile.s;
-#endif
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
         const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
@@ -732,11 +705,8 @@ template <bool kSmall>
 __device__ __forceinline__ void mk_group_sum(float acc[2], const int d[4], const float f[2], const MkTile &t, int gi, float u, int g) {
     const float v0 = fmaf(mk_float_of<kSmall>(d[1]), f[1], mk_float_of<kSmall>(d[0]) * f[0]);
     const float v1 = fmaf(mk_float_of<kSmall>(d[3]), f[1], mk_float_of<kSmall>(d[2]) * f[0]);
-    float2 sc;
-    if (MK_PAIRED_SCALES) sc = *reinterpret_cast<const float2 *>(t.scales + mk_scale_at(g, gi, t.per_row));
-    else sc = make_float2(t.scales[mk_scale_at(g, gi, t.per_row)], t.scales[mk_scale_at(g + 8, gi, t.per_row)]);
-    acc[0] = fmaf(sc.x * u, v0, acc[0]);
-    acc[1] = fmaf(sc.y * u, v1, acc[1]);
+    acc[0] = fmaf(t.scales[g * t.per_row + gi] * u, v0, acc[0]);
+    acc[1] = fmaf(t.scales[(g + 8) * t.per_row + gi] * u, v1, acc[1]);
 }
 
 // This warp's kMkSpan columns of one tile (its first column c0 + kMkSpan * warp) into acc.
@@ -744,10 +714,9 @@ __device__ __forceinline__ void mk_group_sum(float acc[2], const int d[4], const
 // wide as the warp's columns or wider); 0: gs 16, each step's halves (lanes c < 2 and c >= 2) two
 // groups, two MMAs. A compile-time constant, so that the unrolled steps have no branches and
 // their shared-memory loads are issued in chunks ahead of the MMAs that use them.
-// kHeld: x's digits of the warp's columns from held (mk_hold_digits), not from shared memory.
-template <int kGroupSteps, bool kHeld>
-__device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, const MkX &xs, const uint2 *held, const float f[2], int c0,
-                                             int k0, int stride, int gshift) {
+template <int kGroupSteps>
+__device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0, int k0,
+                                             int stride, int gshift) {
     constexpr int kChunk = kMkSteps < 4 ? kMkSteps : 4;   // steps whose fragments are loaded together
     static_assert(kMkSteps % kChunk == 0 && kMkSteps % (kGroupSteps > 0 ? kGroupSteps : 1) == 0, "whole chunks and groups");
     constexpr int kAccs = kGroupSteps < MK_ACCS ? (kGroupSteps > 0 ? kGroupSteps : 1) : MK_ACCS;
@@ -761,7 +730,7 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
 #pragma unroll
         for (int i = 0; i < kChunk; i++) {
             w[i] = *reinterpret_cast<const uint4 *>(t.w + kMkStepBytes * (j0 + i));
-            b[i] = kHeld ? held[j0 + i] : *reinterpret_cast<const uint2 *>(digits + 32 * (j0 + i));
+            b[i] = *reinterpret_cast<const uint2 *>(digits + 32 * (j0 + i));
         }
 #pragma unroll
         for (int i = 0; i < kChunk; i++) {
@@ -794,32 +763,16 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
     }
 }
 
-// MK_X_REGS (default off; measured, bench/NOTES.md 92): a warp holds x's digits of its columns of a tile in
-// registers (kMkSteps B fragments) while its tiles keep the same columns (four column tiles a
-// row: each pipe always the same one), instead of loading them from shared memory with every
-// tile: alone, the tiles' arithmetic is bound by shared-memory bandwidth (bench/NOTES.md 92).
-#ifndef MK_X_REGS
-#define MK_X_REGS 0
-#endif
-// The warp's B fragments of x's digits at columns k0 .. k0 + kMkSpan into held, as mk_tile_math loads them.
-__device__ __forceinline__ void mk_hold_digits(uint2 *held, const MkX &xs, int k0) {
-    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const int8_t *digits = xs.d + (g < 3 ? g : 0) * xs.dpitch + k0 + 8 * c;
-#pragma unroll
-    for (int j = 0; j < kMkSteps; j++) held[j] = *reinterpret_cast<const uint2 *>(digits + 32 * j);
-}
-
 // mk_tile_math for the stage's group size (group_steps as its kGroupSteps).
-template <bool kHeld>
-__device__ __forceinline__ void mk_tile_math_gs(int group_steps, float acc[2], const MkTile &t, const MkX &xs, const uint2 *held,
-                                                const float f[2], int c0, int k0, int stride, int gshift) {
+__device__ __forceinline__ void mk_tile_math_gs(int group_steps, float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0,
+                                                int k0, int stride, int gshift) {
     switch (group_steps) {
-    case 0: mk_tile_math<0, kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
-    case 1: mk_tile_math<1, kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
-    case 2: mk_tile_math<2, kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
-    case 4: mk_tile_math<(4 < kMkSteps ? 4 : kMkSteps), kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
-    case 8: mk_tile_math<(8 < kMkSteps ? 8 : kMkSteps), kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
-    default: mk_tile_math<kMkSteps, kHeld>(acc, t, xs, held, f, c0, k0, stride, gshift); break;
+    case 0: mk_tile_math<0>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 1: mk_tile_math<1>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 2: mk_tile_math<2>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 4: mk_tile_math<(4 < kMkSteps ? 4 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    case 8: mk_tile_math<(8 < kMkSteps ? 8 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
+    default: mk_tile_math<kMkSteps>(acc, t, xs, f, c0, k0, stride, gshift); break;
     }
 }
 
@@ -941,8 +894,6 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     const int stride = st.a.stride, per_row = mk_groups_a_row(st.a.gs), slots = p.slots, slot_bytes = p.slot_bytes;
     const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
     mk_stamp(p, stage, 2);
-    uint2 held[kMkSteps];   // MK_X_REGS: the digits of x at columns held_k0 .. + kMkSpan
-    int held_k0 = -1;
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
@@ -975,14 +926,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
             const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
             const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
                                  per_row};
-            if (k0 < stride) {
-                if (!MK_X_REGS) {
-                    mk_tile_math_gs<false>(group_steps, acc, tile, xs, nullptr, f, c0, k0, stride, gshift);
-                } else {
-                    if (k0 != held_k0) mk_hold_digits(held, xs, k0), held_k0 = k0;
-                    mk_tile_math_gs<true>(group_steps, acc, tile, xs, held, f, c0, k0, stride, gshift);
-                }
-            }
+            if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
 #endif
 #ifdef MK_TRACE_MATH
             asm volatile("" ::"f"(acc[0]), "f"(acc[1]));
@@ -1294,7 +1238,7 @@ __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
 }
 
 template <typename KV>
-__device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red, volatile int *counted) {
+__device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red) {
     pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
@@ -1319,10 +1263,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
-                if (threadIdx.x == 0) {
-                    mk_count(p.counters + s, (unsigned)mine);
-                    if (MK_HOLD) *counted = s;
-                }
+                if (threadIdx.x == 0) mk_count(p.counters + s, (unsigned)mine);
             }
             mk_stamp(p, s, 3);
         }
@@ -1366,21 +1307,19 @@ template <typename KV>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
-    __shared__ int counted;   // the last stage this block has counted (MK_HOLD)
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
         for (int s = 0; s < p.slots; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, kMkGroupThreads);
         mbar_init_fence();
-        counted = -1;
     }
     __syncthreads();   // the only block-wide barrier: the ring's barriers initialised
     if (threadIdx.x >= kMkConsumers) {
         mk_give_registers();
-        mk_produce(p, ring, full, empty, &counted);   // weights only: no wait for the kernel before
+        mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
     } else {
         mk_take_registers();
-        mk_consume<KV>(p, mk_smem, full, empty, red, &counted);
+        mk_consume<KV>(p, mk_smem, full, empty, red);
     }
     pdl_release();
 }
