@@ -47,8 +47,8 @@
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
-// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
-// MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS, MK_LATE_FLUSH; for
+// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, instead,
 // block thread 0's cycles waiting for its tiles and in their arithmetic), MK_NO_MATH (the ring
@@ -776,13 +776,6 @@ __device__ __forceinline__ void mk_tile_math_gs(int group_steps, float acc[2], c
     }
 }
 
-// MK_LATE_FLUSH (default off; measured, bench/NOTES.md 92): a row tile's sums flushed after the
-// next tile's arithmetic has been issued, not before its barrier wait: with four column tiles a
-// row each pipe's tiles are each of another row tile, and a flush before the next tile made the
-// warp wait for the whole tile's arithmetic before it could load the next one.
-#ifndef MK_LATE_FLUSH
-#define MK_LATE_FLUSH 0
-#endif
 // A row tile's sums of this warp (lanes c = 0, 1 of each row) added to its row sums (sums:
 // (consumer warps, prows)).
 __device__ __forceinline__ void mk_flush(float acc[2], float *sums, int rt, int prows) {
@@ -910,16 +903,10 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         long long tm_wait = 0, tm_math = 0;   // this thread's cycles waiting for its tiles and in their arithmetic
 #endif
         int cur = -1;   // the row tile acc holds
-        float late[2];   // MK_LATE_FLUSH: the sums of row tile late_rt, flushed after the next tile's arithmetic
-        int late_rt = -1;
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
             if (rt != cur) {
-                if (MK_LATE_FLUSH) {
-                    if (cur >= 0) late[0] = acc[0], late[1] = acc[1], late_rt = cur, acc[0] = acc[1] = 0.0f;
-                } else if (cur >= 0) {
-                    mk_flush(acc, sums, cur, b.prows);
-                }
+                if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
                 cur = rt;
             }
             const unsigned char *slot = smem + at.slot * slot_bytes;
@@ -941,7 +928,6 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                                  per_row};
             if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
 #endif
-            if (MK_LATE_FLUSH && late_rt >= 0) mk_flush(late, sums, late_rt, b.prows), late_rt = -1;
 #ifdef MK_TRACE_MATH
             asm volatile("" ::"f"(acc[0]), "f"(acc[1]));
             tm_math += clock64() - tw1;
