@@ -131,9 +131,10 @@ bench/mma_probe: bench/mma_probe.cu bench/probe.h
 # The weights' stream alone, with and without hand-overs, tiles static or claimed (bench/NOTES.md 91)
 bench/skew_probe: bench/skew_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/skew_probe.cu
-
+# The megakernel's tile arithmetic alone, then with its barriers, ring and copies (bench/NOTES.md 92)
 bench/tile_probe: bench/tile_probe.cu bench/probe.h $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -o $@ bench/tile_probe.cu -lcublas
+
 # bench/tune.sh: run built again with other values of the kernels' constants and options (-D...),
 # several variants side by side once tune-objects are built
 tune-objects: obj/run.o $(ENGINE_OBJ)

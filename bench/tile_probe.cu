@@ -5,7 +5,7 @@
 // as a linear stage does. Prints cycles per tile per pipe (the slowest warp of the grid) and the
 // rate an SM would consume weights at (GB/s an SM, and over the SMs against 4480 GB/s).
 // make bench/tile_probe && ./bench/tile_probe
-#include "../kernels.cu"   // mk_tile_math_gs and its types: one translation unit
+#include "../kernels.cu"   // mk_tile_math and its types: one translation unit
 
 #include "probe.h"   // CK
 
@@ -20,9 +20,6 @@ __device__ unsigned probe_hash(unsigned i) {
     return i;
 }
 
-// kGroupSteps: as mk_tile_math's (4: groups of 128). pipes: how many pipes work (the others idle);
-// tiles: a pipe's tiles a round (a unit's: 8 for a 7B output projection's 32 rows x 4096; with
-// four column tiles a row and four pipes, each pipe's tiles keep their columns).
 // Modes: 0, the tiles back to back (the compiler may start a tile's loads during the one
 // before); 1, a compiler barrier between tiles; 2, a wait on a full barrier (its phase complete)
 // before each tile and an arrival on an empty one after, as the megakernel's loop has; 3, the
