@@ -11,7 +11,7 @@
 
 namespace {
 
-constexpr int kProbeSlots = 8, kProbeStride = 4096, kProbeRounds = 64;
+constexpr int kProbeSlots = 8, kProbeSlotsAPipe = kProbeSlots / kMkPipes, kProbeStride = 4096, kProbeRounds = 64;
 
 // The slots' bytes, x's digits and scales: fixed pseudo-random values (the sums are not checked;
 // the time of integer and float arithmetic does not depend on the values).
@@ -37,9 +37,8 @@ __device__ __forceinline__ uint32_t probe_smem(const void *p) { return (uint32_t
 // Producer lane 0 of pipe `pipe`: n tiles into its slots (pipe, pipe + kMkPipes, ...) in turn.
 __device__ void probe_produce(int pipe, int n, bool copy, const unsigned char *src, int record, unsigned char *ring, uint64_t *full,
                               uint64_t *empty) {
-    constexpr int kSlotsAPipe = kProbeSlots / kMkPipes;
     for (int i = 0; i < n; i++) {
-        const int slot = pipe + kMkPipes * (i % kSlotsAPipe), round = i / kSlotsAPipe;
+        const int slot = pipe + kMkPipes * (i % kProbeSlotsAPipe), round = i / kProbeSlotsAPipe;
         if (round > 0) mbar_wait(probe_smem(&empty[slot]), (round - 1) & 1);
         if (!copy) {
             mbar_arrive_expect(probe_smem(&full[slot]), 0);
@@ -61,7 +60,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
     __shared__ uint64_t bars[2];   // modes 1 and 2: full (completed once), empty (never completes)
     __shared__ uint64_t full[kProbeSlots], empty[kProbeSlots];   // modes 3 and 4
     constexpr int kGs = 32 * kGroupSteps;
-    const int per_row = mk_groups_a_row(kGs), record = kMkTileBytes + kMkRows * per_row * 4;
+    const int per_row = mk_groups_a_row(kGs), record = mk_record_bytes(kGs);
     unsigned char *ring = smem;
     const MkX xs = mk_x(smem + kProbeSlots * record, kProbeStride);
     for (int i = threadIdx.x; i < kProbeSlots * record / 4; i += blockDim.x) {
@@ -96,13 +95,13 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
         const long long t0 = clock64();
         for (int i = 0; i < kProbeRounds * tiles; i++) {
             const int t = i % tiles, c0 = (pipe + kMkPipes * t) % col_tiles * kMkCols;   // the unit's tile pipe + 4 t
-            const int slot = pipe + kMkPipes * (i % (kProbeSlots / kMkPipes));
+            const int slot = pipe + kMkPipes * (i % kProbeSlotsAPipe);
             const unsigned char *s = ring + slot * record;
             const MkTile tile = {s + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(s + kMkTileBytes),
                                  per_row};
             if (mode == 1) asm volatile("" ::: "memory");
             if (mode == 2) mbar_wait(probe_smem(&bars[0]), 0);
-            if (ring_mode) mbar_wait(probe_smem(&full[slot]), (i / (kProbeSlots / kMkPipes)) & 1);
+            if (ring_mode) mbar_wait(probe_smem(&full[slot]), (i / kProbeSlotsAPipe) & 1);
             mk_tile_math<kGroupSteps>(acc, tile, xs, f, c0, c0 + kMkSpan * warp, kProbeStride, gshift);
             if (mode == 2) mbar_arrive(probe_smem(&bars[1]));
             if (ring_mode) mbar_arrive(probe_smem(&empty[slot]));
@@ -114,9 +113,8 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
 }
 
 template <int kGroupSteps>
-int run_case(int sms, int pipes, int tiles, int mode, const unsigned char *src, float *sink, long long *cycles, long long *host) {
-    const int record = kMkTileBytes + kMkRows * mk_groups_a_row(32 * kGroupSteps) * 4;
-    const int smem = kProbeSlots * record + mk_x_bytes(kProbeStride);
+int run_case(int sms, int khz, int pipes, int tiles, int mode, const unsigned char *src, float *sink, long long *cycles, long long *host) {
+    const int smem = kProbeSlots * mk_record_bytes(32 * kGroupSteps) + mk_x_bytes(kProbeStride);
     CK(cudaFuncSetAttribute(tile_loop<kGroupSteps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaMemset(cycles, 0, sizeof(long long) * sms * kMkConsumerWarps));
     tile_loop<kGroupSteps><<<sms, kProbeThreads, smem>>>(pipes, tiles, mode, src, sink, cycles);
@@ -126,8 +124,6 @@ int run_case(int sms, int pipes, int tiles, int mode, const unsigned char *src, 
     long long most = 0;
     for (int i = 0; i < sms * kMkConsumerWarps; i++) most = host[i] > most ? host[i] : most;
     const double per_tile = (double)most / (kProbeRounds * tiles);   // a pipe's cycles a tile (its slowest warp, any SM)
-    int khz = 0;
-    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
     const double gbs_sm = pipes * (double)kMkTileBytes / (per_tile / (khz * 1e3)) / 1e9;
     printf("%-22s group %4d  pipes %d  tiles %2d   %7.0f cycles a tile a pipe   %6.1f GB/s an SM   %6.0f GB/s over %d SMs"
            " (%5.1f%% of 4480)\n",
@@ -136,8 +132,9 @@ int run_case(int sms, int pipes, int tiles, int mode, const unsigned char *src, 
 }
 
 int probe_main() {
-    int sms = 0;
+    int sms = 0, khz = 0;   // khz: the SM clock
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
     float *sink = nullptr;
     long long *cycles = nullptr;
     CK(cudaMalloc(&sink, sizeof(float) * sms));
@@ -146,13 +143,14 @@ int probe_main() {
     if (!host) return 1;
     printf("tile %d x %d int8, %d pipes of %d consumer warps; kMkSteps %d a warp\n", kMkRows, kMkCols, kMkPipes, MK_GROUP_WARPS, kMkSteps);
     unsigned char *src = nullptr;   // kSourceTiles records a block of the largest (group 32): its copies' source
-    const size_t src_bytes = (size_t)sms * kSourceTiles * (kMkTileBytes + kMkRows * mk_groups_a_row(32) * 4);
+    const size_t src_bytes = (size_t)sms * kSourceTiles * mk_record_bytes(32);
     CK(cudaMalloc(&src, src_bytes));
     CK(cudaMemset(src, 0x3c, src_bytes));
     for (int mode = 0; mode < kProbeModes; mode++) {
         for (int pipes = 1; pipes <= kMkPipes; pipes *= 2)
-            if (run_case<4>(sms, pipes, 8, mode, src, sink, cycles, host)) return 1;
-        if (run_case<1>(sms, kMkPipes, 8, mode, src, sink, cycles, host) || run_case<2>(sms, kMkPipes, 8, mode, src, sink, cycles, host))
+            if (run_case<4>(sms, khz, pipes, 8, mode, src, sink, cycles, host)) return 1;
+        if (run_case<1>(sms, khz, kMkPipes, 8, mode, src, sink, cycles, host) ||
+            run_case<2>(sms, khz, kMkPipes, 8, mode, src, sink, cycles, host))
             return 1;
     }
     free(host);
@@ -161,4 +159,7 @@ int probe_main() {
 
 }  // namespace
 
-int main() { return probe_main(); }
+int main(int argc, char **) {
+    if (argc > 1) return fprintf(stderr, "usage: tile_probe (no arguments)\n"), 1;
+    return probe_main();
+}
