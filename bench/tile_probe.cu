@@ -51,8 +51,8 @@ __device__ void probe_produce(int pipe, int n, bool copy, const unsigned char *s
 }
 
 // kGroupSteps: as mk_tile_math's (4: groups of 128). pipes: how many pipes work (the others idle);
-// tiles: a pipe's tiles a round (a unit's: 8 for a 7B output projection's 32 rows x 4096; with
-// four column tiles a row and four pipes, each pipe's tiles keep their columns).
+// tiles: a pipe's tiles a round (of a unit of rows x 4096: each pipe's tiles take column tiles
+// pipe, pipe + kMkPipes, ... of the row in turn, as a linear stage's do).
 template <int kGroupSteps>
 __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int tiles, int mode, const unsigned char *src, float *sink,
                                                                long long *cycles) {

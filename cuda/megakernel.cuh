@@ -1,6 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84 and 86 have each
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91 and 94 have each
 // design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring
@@ -50,14 +50,18 @@
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
-// run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, instead,
-// block thread 0's cycles waiting for its tiles and in their arithmetic), MK_NO_MATH (the ring
+// run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each
+// consumer warp's cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring
 // streamed, nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits
 // for the one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they
 // are) and MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not
 // waited for: mk_free), all wrong results.
+// Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
+// (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
+// consumers are between matrices; small slots give more of it in the same shared memory
+// (bench/NOTES.md 91, 94).
 #ifndef MK_SLOTS
-#define MK_SLOTS 8
+#define MK_SLOTS 20
 #endif
 
 namespace {
@@ -94,9 +98,10 @@ constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 
 constexpr int kMkMaxSlots = MK_SLOTS / MK_PIPES * MK_PIPES, kMkMinSlots = 2 * MK_PIPES, kMkBlocksPerSm = MK_BLOCKS;
 // A tile: kMkRows rows (an integer MMA's 16) x kMkCols columns, held in the MMA's fragment order
 // (MkPack): a consumer warp takes kMkSpan columns of it, kMkSteps MMA steps of 32, each step's 512
-// bytes in one 16-byte load a lane.
+// bytes in one 16-byte load a lane. MK_COLS (default 512: 8 KB tiles; 1024 paid where the tile
+// loop's every tile cost more, bench/NOTES.md 66, 91, 94).
 #ifndef MK_COLS
-#define MK_COLS 1024
+#define MK_COLS 512
 #endif
 constexpr int kMkRows = 16, kMkCols = MK_COLS, kMkStepBytes = kMkRows * 32, kMkTileBytes = kMkRows * kMkCols;
 constexpr int kMkSpan = kMkCols / (kMkGroupThreads / 32), kMkSteps = kMkSpan / 32;
@@ -180,6 +185,7 @@ struct MkParams {
     int sums_floats;       // (consumer warps, rows) of a linear unit's row sums
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
+    unsigned long long *warp_trace;   // -DMK_TRACE_MATH: (blocks, n_stages, consumer warps, kMkWarpTimes) cycles (MkWarpClock)
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -220,6 +226,40 @@ __device__ __forceinline__ void mk_stamp_add(const MkParams &p, int stage, int k
 }
 
 __device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
+
+// -DMK_TRACE_MATH (with MK_TRACE): each consumer warp's cycles in a linear stage's units, summed
+// over them (lane 0 into p.warp_trace: (blocks, n_stages, consumer warps, kMkWarpTimes)): the
+// unit's start (its sums zeroed, the barrier), the tile loop (from the start's barrier to its
+// exit, the waits included), of it the waits for tiles to land, and the end (the last flush and
+// the barrier after it, where a warp waits for the block's slowest); and the warp's tiles. Clock
+// reads only around loops and barriers, which the compiler cannot move work across.
+constexpr int kMkWarpTimes = 5;
+struct MkWarpClock {
+    enum { kStart, kLoop, kWaits, kEnd, kTiles };
+#if defined(MK_TRACE) && defined(MK_TRACE_MATH)
+    long long n[kMkWarpTimes] = {0, 0, 0, 0, 0}, at = 0, loop = 0, wait = 0;
+    __device__ void start() { at = clock64(); }
+    __device__ void started() { loop = clock64(), n[kStart] += loop - at; }
+    __device__ void waiting() { wait = clock64(); }
+    __device__ void waited() { n[kWaits] += clock64() - wait, n[kTiles]++; }
+    __device__ void looped() { at = clock64(), n[kLoop] += at - loop; }
+    __device__ void ended() { n[kEnd] += clock64() - at; }
+    __device__ void add(const MkParams &p, int stage) const {
+        if (threadIdx.x % 32) return;
+        const size_t at_warp = ((size_t)blockIdx.x * p.n_stages + stage) * kMkConsumerWarps + threadIdx.x / 32;
+        unsigned long long *e = p.warp_trace + at_warp * kMkWarpTimes;
+        for (int k = 0; k < kMkWarpTimes; k++) e[k] += n[k];
+    }
+#else
+    __device__ void start() {}
+    __device__ void started() {}
+    __device__ void waiting() {}
+    __device__ void waited() {}
+    __device__ void looped() {}
+    __device__ void ended() {}
+    __device__ void add(const MkParams &, int) const {}
+#endif
+};
 
 __device__ __forceinline__ void consumer_sync() { Team<kMkConsumers>::sync(); }   // every warp but the producers
 
@@ -763,28 +803,17 @@ __device__ __forceinline__ void mk_tile_math(float acc[2], const MkTile &t, cons
     }
 }
 
-// mk_tile_math for the stage's group size (group_steps as its kGroupSteps).
-__device__ __forceinline__ void mk_tile_math_gs(int group_steps, float acc[2], const MkTile &t, const MkX &xs, const float f[2], int c0,
-                                                int k0, int stride, int gshift) {
-    switch (group_steps) {
-    case 0: mk_tile_math<0>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    case 1: mk_tile_math<1>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    case 2: mk_tile_math<2>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    case 4: mk_tile_math<(4 < kMkSteps ? 4 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    case 8: mk_tile_math<(8 < kMkSteps ? 8 : kMkSteps)>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    default: mk_tile_math<kMkSteps>(acc, t, xs, f, c0, k0, stride, gshift); break;
-    }
-}
-
-// A row tile's sums of this warp (lanes c = 0, 1 of each row) added to its row sums (sums:
-// (consumer warps, prows)).
+// A row tile's sums of this warp (lanes c = 0, 1 of each row) stored as its row sums (sums:
+// (consumer warps, prows), zeroed before the unit): a warp's tiles of a unit come in the order of
+// their row tiles, so each row tile is flushed at most once a warp, and a store does what an add
+// to the sums would, without waiting for a load of them.
 __device__ __forceinline__ void mk_flush(float acc[2], float *sums, int rt, int prows) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const float v = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
         const int row = rt * kMkRows + g + 8 * h;
-        if (lane % 4 == 0 && row < prows) sums[warp * prows + row] += v;
+        if (lane % 4 == 0 && row < prows) sums[warp * prows + row] = v;
         acc[h] = 0.0f;
     }
 }
@@ -879,68 +908,94 @@ __device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const fl
     }
 }
 
+// What a linear stage's tile loop needs, held in registers: the stage's fields are in global
+// memory, which each barrier wait of the loop would otherwise load again.
+struct MkLoop {
+    unsigned char *smem;   // the ring's slots
+    float *sums;           // (consumer warps, prows) of the unit
+    MkX xs;
+    uint32_t full, empty;
+    float f[2];            // mk_group_sum's weights of this lane's digits
+    int stage, stride, gshift, per_row, slots, slot_bytes;
+};
+
+// This warp's tiles of unit b into its row sums (mk_flush), in step with the producer's ring (at:
+// past the unit's tiles on return). kGroupSteps: mk_tile_math's, so that the loop has no branch on
+// the group size between tiles.
+template <int kGroupSteps>
+__device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
+    const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
+    const int slots = l.slots;
+    float acc[2] = {0.0f, 0.0f};
+    int cur = -1;   // the row tile acc holds
+    for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
+        if (!at.mine(pipe)) continue;
+        if (rt != cur) {
+            if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+            cur = rt;
+        }
+        const unsigned char *slot = l.smem + at.slot * l.slot_bytes;
+        const unsigned long long waiting = mk_clock();   // (MK_TRACE; else 0, and the stamps below nothing)
+        wc.waiting();
+        mbar_wait(l.full + 8 * at.slot, at.round & 1);
+        wc.waited();
+        const unsigned long long waited = mk_clock() - waiting;
+        mk_stamp_add(p, l.stage, 8, waited);
+        if (t < kMkPipes) mk_stamp_add(p, l.stage, 9, waited);
+#ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
+        const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
+        const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
+                             l.per_row};
+        if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
+#endif
+        mbar_arrive(l.empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
+    }
+    wc.looped();   // from the start's barrier: the loop, waits included
+    if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+}
+
+// mk_unit_tiles for the stage's group size (group_steps: 0 for gs 16, else the MMA steps a group
+// takes, at most kMkSteps).
+__device__ void mk_unit_tiles_gs(int group_steps, const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
+    switch (group_steps) {
+    case 0: mk_unit_tiles<0>(p, l, b, at, wc); break;
+    case 1: mk_unit_tiles<1>(p, l, b, at, wc); break;
+    case 2: mk_unit_tiles<2>(p, l, b, at, wc); break;
+    case 4: mk_unit_tiles<(4 < kMkSteps ? 4 : kMkSteps)>(p, l, b, at, wc); break;
+    case 8: mk_unit_tiles<(8 < kMkSteps ? 8 : kMkSteps)>(p, l, b, at, wc); break;
+    default: mk_unit_tiles<kMkSteps>(p, l, b, at, wc); break;
+    }
+}
+
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
                           float *red, const MkTurn turn, unsigned epoch) {
-    const MkX xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
-    float *sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
+    MkLoop l;
+    l.smem = smem, l.full = full, l.empty = empty;
+    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
+    l.sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
+    const int c = threadIdx.x % 4;
+    l.f[0] = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, l.f[1] = c == 0 ? 1.0f / 254.0f : 0.0f;
+    l.stage = int(&st - p.stages), l.stride = st.a.stride, l.gshift = st.a.group_shift + 4, l.per_row = mk_groups_a_row(st.a.gs);
+    l.slots = p.slots, l.slot_bytes = p.slot_bytes;
+    const int group_steps = l.gshift == 4 ? 0 : min(kMkSteps, 1 << (l.gshift - 5)), stage = l.stage;
     const bool pair = st.pair != 0;
-    const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
-    const int gshift = st.a.group_shift + 4, c = lane % 4, group_steps = gshift == 4 ? 0 : min(kMkSteps, 1 << (gshift - 5));
-    const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
-    const int stage = int(&st - p.stages);
-    // held in registers: the stage's fields are in global memory, which each barrier wait below
-    // would otherwise load again
-    const int stride = st.a.stride, per_row = mk_groups_a_row(st.a.gs), slots = p.slots, slot_bytes = p.slot_bytes;
-    const float inv_rms = mk_stage_x_of(p, st, stage, xs, red, epoch);
+    const float inv_rms = mk_stage_x_of(p, st, stage, l.xs, red, epoch);
     mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
-        for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) sums[e] = 0.0f;
+        MkWarpClock wc;   // (MK_TRACE_MATH; else nothing)
+        wc.start();
+        for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) l.sums[e] = 0.0f;
         consumer_sync();
-        float acc[2] = {0.0f, 0.0f};
-#ifdef MK_TRACE_MATH
-        long long tm_wait = 0, tm_math = 0;   // this thread's cycles waiting for its tiles and in their arithmetic
-#endif
-        int cur = -1;   // the row tile acc holds
-        for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
-            if (!at.mine(pipe)) continue;
-            if (rt != cur) {
-                if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
-                cur = rt;
-            }
-            const unsigned char *slot = smem + at.slot * slot_bytes;
-#ifdef MK_TRACE_MATH
-            const long long tw0 = clock64();
-            mbar_wait(full + 8 * at.slot, at.round & 1);
-            const long long tw1 = clock64();
-            tm_wait += tw1 - tw0;
-#else
-            const unsigned long long waiting = mk_clock();   // (MK_TRACE; else 0, and the stamps below nothing)
-            mbar_wait(full + 8 * at.slot, at.round & 1);
-            const unsigned long long waited = mk_clock() - waiting;
-            mk_stamp_add(p, stage, 8, waited);
-            if (t < kMkPipes) mk_stamp_add(p, stage, 9, waited);
-#endif
-#ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
-            const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
-            const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
-                                 per_row};
-            if (k0 < stride) mk_tile_math_gs(group_steps, acc, tile, xs, f, c0, k0, stride, gshift);
-#endif
-#ifdef MK_TRACE_MATH
-            asm volatile("" ::"f"(acc[0]), "f"(acc[1]));
-            tm_math += clock64() - tw1;
-#endif
-            mbar_arrive(empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
-        }
-#ifdef MK_TRACE_MATH
-        if (threadIdx.x == 0) mk_trace_at(p, stage, 8) += tm_wait, mk_trace_at(p, stage, 9) += tm_math;
-#endif
-        if (cur >= 0) mk_flush(acc, sums, cur, b.prows);
+        wc.started();
+        mk_unit_tiles_gs(group_steps, p, l, b, at, wc);
         consumer_sync();   // sums complete
+        wc.ended();
+        wc.add(p, stage);
         mk_stamp(p, stage, 6);
 #ifndef MK_NO_FINISH   // (a measurement build: nothing stored; only with MK_FLAGS=0, or it waits forever)
+        float *sums = l.sums;
         if (st.keep)
             mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out),
                            mk_tag(epoch, st.ll_writes_out, st.ll_seq_prev));
@@ -1663,6 +1718,9 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
+#ifdef MK_TRACE_MATH
+    CUDA_CHECK(cudaMalloc(&p.warp_trace, (size_t)blocks * count * kMkConsumerWarps * kMkWarpTimes * 8));
+#endif
 #endif
     p.stages = mg->stages;
     mg->p = p;
@@ -1705,6 +1763,37 @@ static void mk_trace_skew(const unsigned long long *t, const GpuMega *m, int s, 
     }
     fprintf(stderr, "\n");
 }
+#ifdef MK_TRACE_MATH
+// The linear stages of the first layers, each consumer warp's mean over the blocks (MkWarpClock):
+// cycles a tile of the loop, of them waiting for tiles; the unit's start and end, and its tiles.
+static void mk_trace_warps(const GpuMega *m) {
+    const size_t n = (size_t)m->blocks * m->p.n_stages * kMkConsumerWarps * kMkWarpTimes;
+    unsigned long long *t = (unsigned long long *)malloc(n * 8);
+    if (!t) return;
+    CUDA_CHECK(cudaMemcpy(t, m->p.warp_trace, n * 8, cudaMemcpyDeviceToHost));
+    fprintf(stderr, "warps: stage | each consumer warp: loop cycles a tile / of it waits a tile / start / end (cycles, mean over blocks)"
+                    " / tiles\n");
+    for (int s = 0; s < m->p.n_stages && s < 16; s++) {
+        if (m->kinds[s] != MK_GEMV) continue;
+        fprintf(stderr, "warps: %3d |", s);
+        for (int w = 0; w < kMkConsumerWarps; w++) {
+            double sum[kMkWarpTimes] = {0};
+            int nb = 0;
+            for (int b = 0; b < m->blocks; b++) {
+                const unsigned long long *e = t + (((size_t)b * m->p.n_stages + s) * kMkConsumerWarps + w) * kMkWarpTimes;
+                if (!e[MkWarpClock::kTiles]) continue;
+                nb++;
+                for (int k = 0; k < kMkWarpTimes; k++) sum[k] += (double)e[k];
+            }
+            const double tiles = nb ? sum[MkWarpClock::kTiles] : 1;
+            fprintf(stderr, " %5.0f/%4.0f/%4.0f/%5.0f/%4.1f", sum[MkWarpClock::kLoop] / tiles, sum[MkWarpClock::kWaits] / tiles,
+                    nb ? sum[MkWarpClock::kStart] / nb : 0, nb ? sum[MkWarpClock::kEnd] / nb : 0, nb ? tiles / nb : 0);
+        }
+        fprintf(stderr, "\n");
+    }
+    free(t);
+}
+#endif
 static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     const size_t n = (size_t)m->blocks * m->p.n_stages * kMkStamps;
     unsigned long long *t = (unsigned long long *)malloc(n * 8);
@@ -1712,11 +1801,7 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
     CUDA_CHECK(cudaMemcpy(t, m->p.trace, n * 8, cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (size_t i = 0; i < n; i++) if (t[i] && t[i] < t0 && i % kMkStamps < 8) t0 = t[i];   // 8, 9: durations
-#ifdef MK_TRACE_MATH
-    const char *durations = "thread 0's waits for tiles, their arithmetic (thousand cycles, mean)";
-#else
     const char *durations = "tiles' waits, the first's (us, mean)";
-#endif
     fprintf(stderr, "trace: stage kind blocks | wait x-loads x-digits x-sync tiles finish count (us, mean) | first start, last end (us)"
                     " | %s\n", durations);
     for (int s = 0; s < m->p.n_stages; s++) {
@@ -1742,6 +1827,9 @@ static void mk_trace_report(GpuCtx *g, const GpuMega *m) {
         if (s < 16 && m->kinds[s] == MK_GEMV) mk_trace_skew(t, m, s, t0);
     }
     free(t);
+#ifdef MK_TRACE_MATH
+    mk_trace_warps(m);
+#endif
 }
 #endif
 
@@ -1749,6 +1837,10 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 #ifdef MK_TRACE
     static int launches = 0;
     if (launches == 100) CUDA_CHECK(cudaMemset(m->p.trace, 0, (size_t)m->blocks * m->p.n_stages * kMkStamps * 8));
+#ifdef MK_TRACE_MATH
+    if (launches == 100)
+        CUDA_CHECK(cudaMemset(m->p.warp_trace, 0, (size_t)m->blocks * m->p.n_stages * kMkConsumerWarps * kMkWarpTimes * 8));
+#endif
 #endif
     if (m->kv_half) launch(g, "mega_kernel", mega_kernel<__half>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
     else launch(g, "mega_kernel", mega_kernel<float>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
@@ -1770,6 +1862,7 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->p.part));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
+    if (m->p.warp_trace) CUDA_CHECK(cudaFree(m->p.warp_trace));
     free(m->kinds);
     free(m);
 }
