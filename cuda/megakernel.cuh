@@ -1,9 +1,11 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91 and 94 have each
-// design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94 and 95 have
+// each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
-//                                   each pipe taking every kMkPipes-th tile of the block's ring
+//                                   each pipe taking every kMkPipes-th tile of the block's ring;
+//                                   compiled for any model (MkAnyShape) and, with only the paths
+//                                   it takes, for heads and groups of 128 (MkShape128)
 //   MkStage, MkParams               the schedule: stages (embedding, linear layers, attention and
 //                                   its combine step) in the order of the step
 //   mk_pack_kernel                  the linear stages' weights copied at load into the order and
@@ -137,6 +139,19 @@ constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
 enum { MK_EMBED, MK_GEMV, MK_ATTENTION, MK_COMBINE };
+// The consumers' paths compiled for one shape, the code of every other left out: the kernel's
+// code is large, and with less of it the same step runs faster (bench/NOTES.md 95). kHs: the head
+// size (the FP16 cache's wide attention); kGroupSteps: a weight group's MMA steps (mk_group_steps);
+// kXQuads: the float4 a consumer thread holds a batch of x (mk_x_quads). 0 (kGroupSteps -1): any,
+// chosen at run time.
+template <int kHs, int kGroupSteps, int kXQuads>
+struct MkShape {
+    static constexpr int hs = kHs, group_steps = kGroupSteps, x_quads = kXQuads;
+};
+using MkAnyShape = MkShape<0, -1, 0>;
+// Heads of 128, groups of 128, x of 2,049-4,096 elements (Llama-2-7B's, Llama-3-8B's and their
+// kin's; the longer w2's, flagged, in batches of 4 as well): mk_takes_shape128.
+using MkShape128 = MkShape<128, 4, 4>;
 
 struct MkStage {
     int kind;
@@ -326,6 +341,9 @@ __device__ MkRows mk_rows(const MkStage &st, const TmaBlock &b) {
 
 // Groups of a tile row in its slot's scales: a group size of kMkCols or more has one there.
 __host__ __device__ __forceinline__ int mk_groups_a_row(int gs) { return gs < kMkCols ? kMkCols / gs : 1; }
+
+// The MMA steps of 32 columns a weight group takes (0: groups of 16), at most a warp's kMkSteps.
+__host__ __device__ __forceinline__ int mk_group_steps(int gs) { return gs == 16 ? 0 : gs / 32 < kMkSteps ? gs / 32 : kMkSteps; }
 
 // A ring position: the tile's number in the step, its slot and how many times the ring has
 // wrapped. Tile `count` belongs to pipe count % kMkPipes.
@@ -684,23 +702,36 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
     return inv_rms;
 }
 
-// mk_stage_x with a thread's float4 a batch for this x (MK_X_QUADS, MK_X_FIT).
-template <bool norm, bool flagged>
+// The float4 a consumer thread holds a batch for an x of xpad elements (MK_X_QUADS, MK_X_FIT).
+constexpr int kMkXMost = MK_X_QUADS > 8 ? MK_X_QUADS : 8;
+__host__ __device__ __forceinline__ int mk_x_quads(int xpad, bool norm, bool flagged) {
+    const int need = (xpad + 4 * kMkConsumers - 1) / (4 * kMkConsumers);
+    if (MK_X_FIT && need <= 2) return 2;
+    if (MK_X_FIT && need <= 4) return 4;
+    if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMkXMost) return kMkXMost;
+    return flagged ? MK_FLAGGED_QUADS : 8;
+}
+// mk_stage_x with mk_x_quads' batches (Shape's, where it fixes them).
+template <bool norm, bool flagged, typename Shape>
 __device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
-    const int need = ceil_div_dev(xs.xpad, 4 * kMkConsumers);
-    if (MK_X_FIT && need <= 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag);
-    if (MK_X_FIT && need <= 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, tag);
-    constexpr int kMost = MK_X_QUADS > 8 ? MK_X_QUADS : 8;
-    if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMost) return mk_stage_x<norm, flagged, kMost>(p, stage, xs, red, a, xf, tag);
-    return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, tag);
+    if constexpr (Shape::x_quads > 0) {
+        return mk_stage_x<norm, flagged, Shape::x_quads>(p, stage, xs, red, a, xf, tag);
+    } else {
+        const int quads = mk_x_quads(xs.xpad, norm, flagged);
+        if (quads == 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag);
+        if (quads == 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, tag);
+        if (quads == kMkXMost) return mk_stage_x<norm, flagged, kMkXMost>(p, stage, xs, red, a, xf, tag);
+        return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, tag);
+    }
 }
 // x of stage st: flagged (st.ll_in) or through its counter's wait, with or without a norm.
+template <typename Shape>
 __device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch) {
     const unsigned tag = mk_tag(epoch, st.ll_writes_in, st.ll_seq_in);
-    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true>(p, stage, xs, red, st.a, st.ll_in, tag)
-                                 : mk_stage_x_fit<false, true>(p, stage, xs, red, st.a, st.ll_in, tag);
-    return st.norm ? mk_stage_x_fit<true, false>(p, stage, xs, red, st.a, nullptr, 0)
-                   : mk_stage_x_fit<false, false>(p, stage, xs, red, st.a, nullptr, 0);
+    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag)
+                                 : mk_stage_x_fit<false, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag);
+    return st.norm ? mk_stage_x_fit<true, false, Shape>(p, stage, xs, red, st.a, nullptr, 0)
+                   : mk_stage_x_fit<false, false, Shape>(p, stage, xs, red, st.a, nullptr, 0);
 }
 
 // d += a . b: a 16 x 32 int8 tile of weights (the A fragment's registers), b 32 x 8 int8 (x's
@@ -954,20 +985,25 @@ __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock
     if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
 }
 
-// mk_unit_tiles for the stage's group size (group_steps: 0 for gs 16, else the MMA steps a group
-// takes, at most kMkSteps).
+// mk_unit_tiles for the stage's group size (group_steps: mk_group_steps'; Shape's, where it fixes it).
+template <typename Shape>
 __device__ void mk_unit_tiles_gs(int group_steps, const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
-    switch (group_steps) {
-    case 0: mk_unit_tiles<0>(p, l, b, at, wc); break;
-    case 1: mk_unit_tiles<1>(p, l, b, at, wc); break;
-    case 2: mk_unit_tiles<2>(p, l, b, at, wc); break;
-    case 4: mk_unit_tiles<(4 < kMkSteps ? 4 : kMkSteps)>(p, l, b, at, wc); break;
-    case 8: mk_unit_tiles<(8 < kMkSteps ? 8 : kMkSteps)>(p, l, b, at, wc); break;
-    default: mk_unit_tiles<kMkSteps>(p, l, b, at, wc); break;
+    if constexpr (Shape::group_steps >= 0) {
+        mk_unit_tiles<Shape::group_steps>(p, l, b, at, wc);
+    } else {
+        switch (group_steps) {
+        case 0: mk_unit_tiles<0>(p, l, b, at, wc); break;
+        case 1: mk_unit_tiles<1>(p, l, b, at, wc); break;
+        case 2: mk_unit_tiles<2>(p, l, b, at, wc); break;
+        case 4: mk_unit_tiles<(4 < kMkSteps ? 4 : kMkSteps)>(p, l, b, at, wc); break;
+        case 8: mk_unit_tiles<(8 < kMkSteps ? 8 : kMkSteps)>(p, l, b, at, wc); break;
+        default: mk_unit_tiles<kMkSteps>(p, l, b, at, wc); break;
+        }
     }
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
+template <typename Shape>
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
                           float *red, const MkTurn turn, unsigned epoch) {
     MkLoop l;
@@ -978,9 +1014,9 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     l.f[0] = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, l.f[1] = c == 0 ? 1.0f / 254.0f : 0.0f;
     l.stage = int(&st - p.stages), l.stride = st.a.stride, l.gshift = st.a.group_shift + 4, l.per_row = mk_groups_a_row(st.a.gs);
     l.slots = p.slots, l.slot_bytes = p.slot_bytes;
-    const int group_steps = l.gshift == 4 ? 0 : min(kMkSteps, 1 << (l.gshift - 5)), stage = l.stage;
+    const int group_steps = mk_group_steps(st.a.gs), stage = l.stage;
     const bool pair = st.pair != 0;
-    const float inv_rms = mk_stage_x_of(p, st, stage, l.xs, red, epoch);
+    const float inv_rms = mk_stage_x_of<Shape>(p, st, stage, l.xs, red, epoch);
     mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
@@ -989,7 +1025,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) l.sums[e] = 0.0f;
         consumer_sync();
         wc.started();
-        mk_unit_tiles_gs(group_steps, p, l, b, at, wc);
+        mk_unit_tiles_gs<Shape>(group_steps, p, l, b, at, wc);
         consumer_sync();   // sums complete
         wc.ended();
         wc.add(p, stage);
@@ -1236,21 +1272,26 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
 }
 
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
-template <typename KV>
+template <typename KV, typename Shape>
 __device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
     static_assert(kMaxHeadSize <= 256, "head sizes up to 4 pairs a lane");
-    if (MK_ATTN_WIDE && sizeof(KV) == 2) {
-        switch (p.head_size) {
-        case 32: return mk_attention_wide<32>(p, st, unit, at, sm);
-        case 64: return mk_attention_wide<64>(p, st, unit, at, sm);
-        case 128: return mk_attention_wide<128>(p, st, unit, at, sm);
-        case 256: return mk_attention_wide<256>(p, st, unit, at, sm);
-        default: break;
+    static_assert(!Shape::hs || (MK_ATTN_WIDE && sizeof(KV) == 2), "a shape's head size: the FP16 cache's wide attention");
+    if constexpr (Shape::hs > 0) {
+        mk_attention_wide<Shape::hs>(p, st, unit, at, sm);
+    } else {
+        if (MK_ATTN_WIDE && sizeof(KV) == 2) {
+            switch (p.head_size) {
+            case 32: return mk_attention_wide<32>(p, st, unit, at, sm);
+            case 64: return mk_attention_wide<64>(p, st, unit, at, sm);
+            case 128: return mk_attention_wide<128>(p, st, unit, at, sm);
+            case 256: return mk_attention_wide<256>(p, st, unit, at, sm);
+            default: break;
+            }
         }
+        if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, at, sm);
+        else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, at, sm);
+        else mk_attention_warps<KV, 4>(p, st, unit, at, sm);
     }
-    if (p.head_size <= 64) mk_attention_warps<KV, 1>(p, st, unit, at, sm);
-    else if (p.head_size <= 128) mk_attention_warps<KV, 2>(p, st, unit, at, sm);
-    else mk_attention_warps<KV, 4>(p, st, unit, at, sm);
 }
 
 // Combine unit h: the splits' partial softmaxes of head h rescaled to one (attention_combine_kernel).
@@ -1292,7 +1333,7 @@ __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(counter), "r"(n) : "memory");
 }
 
-template <typename KV>
+template <typename KV, typename Shape>
 __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red) {
     pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
@@ -1308,12 +1349,12 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             mk_stamp(p, s, 0);
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
             mk_stamp(p, s, 1);
-            if (st.kind == MK_GEMV) mk_linear(p, st, at, smem, full, empty, red, turn, epoch);
+            if (st.kind == MK_GEMV) mk_linear<Shape>(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
                 const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
                 for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV>(p, st, u, step, scratch);
+                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV, Shape>(p, st, u, step, scratch);
                     else mk_combine_unit(p, st, u, step, scratch, red);
             }
             if (st.count) {
@@ -1358,7 +1399,7 @@ __device__ __forceinline__ void mk_take_registers() {   // by each consumer warp
     if (kMkRegs) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kMkRegs));
 #endif
 }
-template <typename KV>
+template <typename KV, typename Shape>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
@@ -1374,7 +1415,7 @@ __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const 
         mk_produce(p, ring, full, empty);   // weights only: no wait for the kernel before
     } else {
         mk_take_registers();
-        mk_consume<KV>(p, mk_smem, full, empty, red);
+        mk_consume<KV, Shape>(p, mk_smem, full, empty, red);
     }
     pdl_release();
 }
@@ -1390,7 +1431,9 @@ struct GpuMega {
     unsigned char *pack;   // the linear stages' weights in tile order (MkPack), a copy of the matrices'
     size_t pack_bytes;
     size_t smem;
-    int blocks, kv_half;
+    int blocks;
+    void (*kernel)(MkParams);   // mega_kernel for the KV cache's type and, where the model has it, a compiled shape (MkShape)
+    const char *shape;          // that shape, or NULL
     int *kinds;        // host: each stage's MK_* (the trace report)
 };
 
@@ -1638,6 +1681,31 @@ static void mk_free(MkStage *st, int n) {
 }
 #endif
 
+// Whether kernel runs a block of smem bytes an SM, each with the registers it takes (else why).
+static bool mk_kernel_fits(void (*kernel)(MkParams), size_t smem, char *why) {
+    int per_sm = 0;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMkThreads, smem));
+    if (per_sm < kMkBlocksPerSm) return snprintf(why, ERR_LEN, "a block of %zu bytes of shared memory does not fit an SM", smem), false;
+    cudaFuncAttributes attr = {};
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    // (else the consumers would wait for registers the block does not have)
+    if (kMkRegs && attr.numRegs * kMkThreads < kMkRegs * kMkConsumers + kMkProducerRegs * kMkProducerThreads)
+        return snprintf(why, ERR_LEN, "it was compiled to %d registers a thread, too few to give its consumers %d", attr.numRegs, kMkRegs), false;
+    return true;
+}
+// Whether every stage takes MkShape128's paths (flags set: x's batches depend on them).
+static bool mk_takes_shape128(const MkStage *st, int n, MegaAttention at) {
+    if (!at.kv_half || at.head_size != MkShape128::hs || !MK_ATTN_WIDE) return false;
+    for (int s = 0; s < n; s++) {
+        if (st[s].kind != MK_GEMV) continue;
+        const int xpad = (st[s].a.stride + kMkCols - 1) / kMkCols * kMkCols;   // as mk_x's
+        if (mk_group_steps(st[s].a.gs) != MkShape128::group_steps || mk_x_quads(xpad, st[s].norm, st[s].ll_in != NULL) != MkShape128::x_quads)
+            return false;
+    }
+    return true;
+}
+
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
@@ -1646,7 +1714,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
     if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
         return snprintf(why, ERR_LEN, "head size %d or context %d", at.head_size, at.seq_len), (GpuMega *)NULL;
-    int dev = 0, optin = 0, sm_smem = 0, per_sm = 0;
+    int dev = 0, optin = 0, sm_smem = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
@@ -1690,24 +1758,14 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         return NULL;
     }
     GpuMega *mg = (GpuMega *)calloc(1, sizeof(GpuMega));
-    mg->smem = mk_smem_bytes(p), mg->blocks = blocks, mg->kv_half = at.kv_half;
-    void (*kernel)(MkParams) = at.kv_half ? mega_kernel<__half> : mega_kernel<float>;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mg->smem));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kMkThreads, mg->smem));
-    if (per_sm < kMkBlocksPerSm) {
-        free(host), free(mg);
-        snprintf(why, ERR_LEN, "a block of %zu bytes of shared memory does not fit an SM", mk_smem_bytes(p));
-        return NULL;
-    }
-    cudaFuncAttributes attr = {};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    if (kMkRegs && attr.numRegs * kMkThreads < kMkRegs * kMkConsumers + kMkProducerRegs * kMkProducerThreads) {
-        free(host), free(mg);   // the consumers would wait for registers the block does not have
-        snprintf(why, ERR_LEN, "it was compiled to %d registers a thread, too few to give its consumers %d", attr.numRegs, kMkRegs);
-        return NULL;
-    }
+    mg->smem = mk_smem_bytes(p), mg->blocks = blocks;
+    mg->kernel = at.kv_half ? mega_kernel<__half, MkAnyShape> : mega_kernel<float, MkAnyShape>;
+    if (!mk_kernel_fits(mg->kernel, mg->smem, why)) return free(host), free(mg), (GpuMega *)NULL;
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
+    char not_shaped[ERR_LEN];   // (a kernel that fits for the shape or not: the generic one runs the step either way)
+    if (mk_takes_shape128(host, count, at) && mk_kernel_fits(mega_kernel<__half, MkShape128>, mg->smem, not_shaped))
+        mg->kernel = mega_kernel<__half, MkShape128>, mg->shape = "heads of 128, groups of 128";
 #ifdef MK_FREE
     mk_free(host, count);
 #endif
@@ -1842,16 +1900,16 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
         CUDA_CHECK(cudaMemset(m->p.warp_trace, 0, (size_t)m->blocks * m->p.n_stages * kMkConsumerWarps * kMkWarpTimes * 8));
 #endif
 #endif
-    if (m->kv_half) launch(g, "mega_kernel", mega_kernel<__half>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
-    else launch(g, "mega_kernel", mega_kernel<float>, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
+    launch(g, "mega_kernel", m->kernel, dim3(m->blocks), dim3(kMkThreads), m->smem, m->p);
 #ifdef MK_TRACE
     if (++launches == 101) mk_trace_report(g, m);
 #endif
 }
 
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, a %.2f GB copy in tile order", m->blocks,
-             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9);
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, a %.2f GB copy in tile order%s%s", m->blocks,
+             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9, m->shape ? ", compiled for " : "",
+             m->shape ? m->shape : "");
 }
 
 extern "C" void gpu_mega_free(GpuMega *m) {

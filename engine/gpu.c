@@ -432,7 +432,7 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
                      : o->path == PATH_UNFUSED ? "gpu int8 unfused (dequant + cuBLAS)"
                                                : "gpu int8 fused";
     const int fused = m->quantized && o->path == PATH_FUSED;
-    char mega[160] = "";
+    char mega[224] = "";
     if (GPU(e)->mega) {
         strcpy(mega, "; decode megakernel: ");
         gpu_mega_describe(GPU(e)->mega, mega + strlen(mega), sizeof mega - strlen(mega));

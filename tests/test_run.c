@@ -1979,8 +1979,12 @@ static const GpuRun gpu_runs[] = {
     // sum scaled in FP32) and the attention split otherwise, so near the copy-engine GEMV, not equal
     {"megakernel, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .megakernel = 1), 1e-4, 9, 0, 1e-5},
     {"megakernel, no graph, no PDL", GPU_RUN(.megakernel = 1), 1e-4, 11, 0, 0},
-    {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, -1, 0, 0},
+    {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, 5, 0, 1e-4},
 };
+
+// The megakernel compiled for a shape that the model of compare_executors must take with an FP16
+// cache (its description's words), or NULL.
+static const char *mega_shape_expected;
 
 // Whether the megakernel can run an INT8 model: group sizes 16 x 2^n, rows of 16-byte multiples.
 static int mega_expected(const Model *m) {
@@ -2035,6 +2039,10 @@ static void compare_executors(const char *label, const char *file, int T, int fi
         if (run->opt.megakernel && mega_expected(&m) && !strstr(g.desc, "megakernel")) {
             snprintf(name, sizeof name, "%s: %s (%s) runs the megakernel", label, path_of(&g), run->how);
             check(0, name, "it fell back: %s", g.desc);
+        }
+        if (run->opt.megakernel && run->opt.kv_half && mega_shape_expected) {
+            snprintf(name, sizeof name, "%s: %s (%s) runs the megakernel compiled for %s", label, path_of(&g), run->how, mega_shape_expected);
+            check(strstr(g.desc, mega_shape_expected) != NULL, name, "it runs: %s", g.desc);
         }
         float *got = logits[r] = exec_logits(&g, tokens, T, first);
         double e = rel_l2_f(got, ref, (size_t)T * m.cfg.vocab_size);
@@ -2145,6 +2153,14 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
+    // heads of 128, groups of 128, x of 2,049-4,096 elements a stage: with an FP16 cache, the
+    // megakernel compiled for that shape (MkShape128), grouped-query ratio 3
+    Config shaped = LLAMA2C_CONFIG(2304, 2560, 2, 18, 6, 97, 80);
+    char *fp32 = tpath("s32.bin"), *q8 = tpath("s8.bin");
+    random_model_files(shaped, 0, 128, 0, fp32, q8, NULL);
+    mega_shape_expected = "heads of 128, groups of 128";
+    compare_executors("random model, heads of 128, dim 2304, int8 gs128", q8, 70, 7, 0);
+    mega_shape_expected = NULL;
 }
 
 // Random models with Hugging Face models' features (hf_shapes, as Q8LM v2 files) on every GPU
