@@ -1979,7 +1979,9 @@ static const GpuRun gpu_runs[] = {
     // sum scaled in FP32) and the attention split otherwise, so near the copy-engine GEMV, not equal
     {"megakernel, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .megakernel = 1), 1e-4, 9, 0, 1e-5},
     {"megakernel, no graph, no PDL", GPU_RUN(.megakernel = 1), 1e-4, 11, 0, 0},
-    {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, 5, 0, 1e-4},
+    // against the per-matrix FP16 cache: the same cache up to a key or value rounded the other way
+    // to FP16 (each path's sums differ in their last bits), well within either's error from the CPU
+    {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, 5, 0, 1e-3},
 };
 
 // The megakernel compiled for a shape that the model of compare_executors must take with an FP16
