@@ -50,7 +50,8 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
+// MK_LATE_FLUSH; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each
 // consumer warp's cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring
@@ -950,6 +951,12 @@ struct MkLoop {
     int stage, stride, gshift, per_row, slots, slot_bytes;
 };
 
+// MK_LATE_FLUSH (default off; not yet measured with the flush a store and the shape's kernel,
+// bench/NOTES.md 93, 95): a row tile's sums flushed after the next tile's arithmetic instead of
+// before its wait.
+#ifndef MK_LATE_FLUSH
+#define MK_LATE_FLUSH 0
+#endif
 // This warp's tiles of unit b into its row sums (mk_flush), in step with the producer's ring (at:
 // past the unit's tiles on return). kGroupSteps: mk_tile_math's, so that the loop has no branch on
 // the group size between tiles.
@@ -957,12 +964,13 @@ template <int kGroupSteps>
 __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
     const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
     const int slots = l.slots;
-    float acc[2] = {0.0f, 0.0f};
-    int cur = -1;   // the row tile acc holds
+    float acc[2] = {0.0f, 0.0f}, late[2] = {0.0f, 0.0f};   // late: MK_LATE_FLUSH's sums of row tile late_rt
+    int cur = -1, late_rt = -1;   // the row tile acc holds
     for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
         if (!at.mine(pipe)) continue;
         if (rt != cur) {
-            if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+            if (MK_LATE_FLUSH && cur >= 0) late[0] = acc[0], late[1] = acc[1], late_rt = cur, acc[0] = acc[1] = 0.0f;
+            else if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
             cur = rt;
         }
         const unsigned char *slot = l.smem + at.slot * l.slot_bytes;
@@ -979,6 +987,7 @@ __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock
                              l.per_row};
         if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
 #endif
+        if (MK_LATE_FLUSH && late_rt >= 0) mk_flush(late, l.sums, late_rt, b.prows), late_rt = -1;
         mbar_arrive(l.empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
     }
     wc.looped();   // from the start's barrier: the loop, waits included
