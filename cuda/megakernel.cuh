@@ -485,8 +485,10 @@ __device__ __forceinline__ MkX mk_x(unsigned char *scratch, int stride) {
     x.m16 = x.u + x.xpad / 16;
     return x;
 }
+// mk_x's xpad, on the host: the row stride rounded up to whole tiles.
+__host__ __device__ __forceinline__ int mk_x_pad(int stride) { return (stride + kMkCols - 1) / kMkCols * kMkCols; }
 __host__ __device__ __forceinline__ int mk_x_bytes(int stride) {
-    const int xpad = (stride + kMkCols - 1) / kMkCols * kMkCols;
+    const int xpad = mk_x_pad(stride);
     return 3 * (xpad + 32) + xpad / 2;
 }
 
@@ -1708,8 +1710,8 @@ static bool mk_takes_shape128(const MkStage *st, int n, MegaAttention at) {
     if (!at.kv_half || at.head_size != MkShape128::hs || !MK_ATTN_WIDE) return false;
     for (int s = 0; s < n; s++) {
         if (st[s].kind != MK_GEMV) continue;
-        const int xpad = (st[s].a.stride + kMkCols - 1) / kMkCols * kMkCols;   // as mk_x's
-        if (mk_group_steps(st[s].a.gs) != MkShape128::group_steps || mk_x_quads(xpad, st[s].norm, st[s].ll_in != NULL) != MkShape128::x_quads)
+        const int quads = mk_x_quads(mk_x_pad(st[s].a.stride), st[s].norm, st[s].ll_in != NULL);
+        if (mk_group_steps(st[s].a.gs) != MkShape128::group_steps || quads != MkShape128::x_quads)
             return false;
     }
     return true;
