@@ -354,7 +354,9 @@ struct MkRing {
         count++;
         if (++slot == slots) slot = 0, round++;
     }
-    __device__ bool mine(int pipe) const { return count % kMkPipes == pipe; }
+    // (count is never negative; as unsigned, the remainder by a power of two is a mask, not the
+    // signed remainder's shift and correction on every step of the tile loop: bench/NOTES.md 96)
+    __device__ bool mine(int pipe) const { return (unsigned)count % kMkPipes == (unsigned)pipe; }
 };
 
 // ---------------------------------------------------------------- the weights in tile order
