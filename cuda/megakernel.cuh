@@ -50,8 +50,7 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_LATE_FLUSH; for
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each
 // consumer warp's cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring
@@ -241,7 +240,7 @@ __device__ __forceinline__ void mk_stamp_add(const MkParams &p, int stage, int k
 #endif
 }
 
-__device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
 // -DMK_TRACE_MATH (with MK_TRACE): each consumer warp's cycles in a linear stage's units, summed
 // over them (lane 0 into p.warp_trace: (blocks, n_stages, consumer warps, kMkWarpTimes)): the
@@ -478,17 +477,18 @@ struct MkX {
     int xpad;      // the row stride rounded up to whole tiles
     int dpitch;    // xpad + 32: digit g's bytes in other banks than digit g + 1's
 };
+// x's padded length (mk_x's xpad; mk_x_bytes and the host's shape check as well): the row stride
+// rounded up to whole tiles.
+__host__ __device__ __forceinline__ int mk_x_pad(int stride) { return ceil_div_dev(stride, kMkCols) * kMkCols; }
 __device__ __forceinline__ MkX mk_x(unsigned char *scratch, int stride) {
     MkX x;
-    x.xpad = ceil_div_dev(stride, kMkCols) * kMkCols;
+    x.xpad = mk_x_pad(stride);
     x.dpitch = x.xpad + 32;
     x.d = reinterpret_cast<int8_t *>(scratch);
     x.u = reinterpret_cast<float *>(scratch + 3 * x.dpitch);
     x.m16 = x.u + x.xpad / 16;
     return x;
 }
-// mk_x's xpad, on the host: the row stride rounded up to whole tiles.
-__host__ __device__ __forceinline__ int mk_x_pad(int stride) { return (stride + kMkCols - 1) / kMkCols * kMkCols; }
 __host__ __device__ __forceinline__ int mk_x_bytes(int stride) {
     const int xpad = mk_x_pad(stride);
     return 3 * (xpad + 32) + xpad / 2;
@@ -955,12 +955,6 @@ struct MkLoop {
     int stage, stride, gshift, per_row, slots, slot_bytes;
 };
 
-// MK_LATE_FLUSH (default off; not yet measured with the flush a store and the shape's kernel,
-// bench/NOTES.md 93, 95): a row tile's sums flushed after the next tile's arithmetic instead of
-// before its wait.
-#ifndef MK_LATE_FLUSH
-#define MK_LATE_FLUSH 0
-#endif
 // This warp's tiles of unit b into its row sums (mk_flush), in step with the producer's ring (at:
 // past the unit's tiles on return). kGroupSteps: mk_tile_math's, so that the loop has no branch on
 // the group size between tiles.
@@ -968,13 +962,12 @@ template <int kGroupSteps>
 __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
     const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
     const int slots = l.slots;
-    float acc[2] = {0.0f, 0.0f}, late[2] = {0.0f, 0.0f};   // late: MK_LATE_FLUSH's sums of row tile late_rt
-    int cur = -1, late_rt = -1;   // the row tile acc holds
+    float acc[2] = {0.0f, 0.0f};
+    int cur = -1;   // the row tile acc holds
     for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
         if (!at.mine(pipe)) continue;
         if (rt != cur) {
-            if (MK_LATE_FLUSH && cur >= 0) late[0] = acc[0], late[1] = acc[1], late_rt = cur, acc[0] = acc[1] = 0.0f;
-            else if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+            if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
             cur = rt;
         }
         const unsigned char *slot = l.smem + at.slot * l.slot_bytes;
@@ -991,7 +984,6 @@ __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock
                              l.per_row};
         if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
 #endif
-        if (MK_LATE_FLUSH && late_rt >= 0) mk_flush(late, l.sums, late_rt, b.prows), late_rt = -1;
         mbar_arrive(l.empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
     }
     wc.looped();   // from the start's barrier: the loop, waits included
