@@ -1,6 +1,6 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94 and 95 have
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95 and 97 have
 // each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
@@ -24,9 +24,10 @@
 // Consumers wait where the arithmetic needs it: before a stage, until the stage before it has
 // counted all its units done in a counter in global memory (no grid-wide barrier), or, where a
 // linear stage's x is all written by the stage before it (the residual stream, the SwiGLU's
-// output), until each element of x it loads carries that stage's flag (mk_flags); a block with
-// no unit in a stage goes straight on. Small work (the embedding row, attention, its combine
-// step) is spread over the blocks as units of its own stage; RMSNorm, RoPE, the KV store,
+// output, the attention's), until each element of x it loads carries that stage's flag
+// (mk_flags); a block with no unit in a stage goes straight on. Small work (the embedding row,
+// attention and the combine of its splits) is spread over the blocks as units of its own stage
+// (the combine: by the last split's block, mk_combine_if_last); RMSNorm, RoPE, the KV store,
 // biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
 //
 // Arithmetic: a stage stages its x once as three int8 digits an element in the weights' groups
@@ -50,7 +51,8 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS; for
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
+// MK_LAST_COMBINES, MK_ATTN_FLAGS; for
 // measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
 // run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each
 // consumer warp's cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring
@@ -135,6 +137,17 @@ static_assert(kMkCols % 128 == 0, "x staged a warp's 128 elements at a time, all
 #define MK_MIN_CHUNK 256
 #endif
 constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
+// MK_LAST_COMBINES (default on; 0 for the A/B): a head's splits combined by the block whose split
+// lands last, inside the attention stage, instead of by a combine stage after it: one hand-over
+// fewer a layer where the attention splits (bench/NOTES.md 97).
+#ifndef MK_LAST_COMBINES
+#define MK_LAST_COMBINES 1
+#endif
+// MK_ATTN_FLAGS (default on, with MK_LAST_COMBINES; 0 for the A/B): the attention's output goes
+// to the output projection flagged (mk_flags) instead of through the attention stage's count.
+#ifndef MK_ATTN_FLAGS
+#define MK_ATTN_FLAGS 1
+#endif
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -189,8 +202,9 @@ struct MkStage {
 struct MkParams {
     const MkStage *stages;
     int n_stages;
-    unsigned *counters;    // (n_stages + 2): units done per stage, then blocks finished (zero between steps),
-                           // then the step's epoch (mk_tag)
+    unsigned *counters;    // (n_stages + 2 + n_heads): units done per stage, then blocks finished (zero between
+                           // steps), then the step's epoch (mk_tag), then each head's splits counted
+                           // (mk_combine_if_last; zero between steps)
     const int *inputs;     // the step's position, then its token
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
@@ -296,7 +310,7 @@ __device__ __forceinline__ int mk_splits(int pos, int n_heads) {
 
 __device__ __forceinline__ int mk_units(const MkStage &st, int splits, int n_heads) {
     if (st.kind == MK_ATTENTION) return n_heads * splits;
-    if (st.kind == MK_COMBINE) return splits > 1 ? n_heads : 0;
+    if (st.kind == MK_COMBINE) return splits > 1 && !MK_LAST_COMBINES ? n_heads : 0;
     return st.units;
 }
 
@@ -1077,7 +1091,14 @@ __device__ void mk_embed(const MkParams &p, const MkStage &st, unsigned tag) {
 // The step's attention: its position, and splits of its rows of chunk rows each.
 struct MkAttnStep {
     int pos, splits, chunk;
+    unsigned tag;   // the output's tag, where it goes flagged (st.ll_out)
 };
+
+// Elements i, i + 1 of the attention's output (i even): flagged where st.ll_out.
+__device__ __forceinline__ void mk_attn_out(const MkStage &st, int i, float a, float b, unsigned tag) {
+    if (st.ll_out) mk_store_pair(st.ll_out + i / 2, a, b, tag);
+    else st.out[i] = a, st.out[i + 1] = b;
+}
 
 // The warps' running softmaxes of an attention unit (sm: (warps, 2 + head size): m, l, the
 // weighted sum; a warp without rows: m = -inf, l = 0) merged into out (one split) or the unit's
@@ -1093,12 +1114,12 @@ __device__ void mk_attention_merge(const MkParams &p, const MkStage &st, int h, 
         weight[w] = expf(sm[w * (2 + hs)] - top);
         total += sm[w * (2 + hs) + 1] * weight[w];
     }
-    for (int d = threadIdx.x; d < hs; d += kMkConsumers) {
-        float sum = 0.0f;
+    for (int d = 2 * threadIdx.x; d < hs; d += 2 * kMkConsumers) {   // a pair a thread (the head size is even)
+        float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int w = 0; w < kMkConsumerWarps; w++) sum += sm[w * (2 + hs) + 2 + d] * weight[w];
-        if (splits == 1) st.out[h * hs + d] = sum / total;
-        else my_part[2 + d] = sum;
+        for (int w = 0; w < kMkConsumerWarps; w++) sum[0] += sm[w * (2 + hs) + 2 + d] * weight[w], sum[1] += sm[w * (2 + hs) + 3 + d] * weight[w];
+        if (splits == 1) mk_attn_out(st, h * hs + d, sum[0] / total, sum[1] / total, at.tag);
+        else my_part[2 + d] = sum[0], my_part[3 + d] = sum[1];
     }
     if (splits > 1 && threadIdx.x == 0) my_part[0] = top, my_part[1] = total;
     consumer_sync();   // shared memory free for the next unit
@@ -1314,12 +1335,36 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
         total += __ldcg(part + s * stride + 1) * w;
     }
     total = block_reduce<false, kMkConsumers>(total, red);   // its barriers also publish weight
-    for (int d = threadIdx.x; d < p.head_size; d += kMkConsumers) {
-        float acc = 0.0f;
-        for (int s = 0; s < splits; s++) acc += __ldcg(part + s * stride + 2 + d) * weight[s];
-        st.out[h * p.head_size + d] = acc / total;
+    for (int d = 2 * threadIdx.x; d < p.head_size; d += 2 * kMkConsumers) {
+        float acc[2] = {0.0f, 0.0f};
+        for (int s = 0; s < splits; s++) {
+            const float2 v = __ldcg(reinterpret_cast<const float2 *>(part + s * stride + 2 + d));
+            acc[0] += v.x * weight[s], acc[1] += v.y * weight[s];
+        }
+        mk_attn_out(st, h * p.head_size + d, acc[0] / total, acc[1] / total, at.tag);
     }
     consumer_sync();
+}
+
+// After attention unit `unit` of the layer's attention `layer` (0, 1, ... in the step) with more
+// than one split: its block counts the split in its head's counter (p.counters[n_stages + 2 +
+// h], zero at the step's start), and the block that counts the head's last split of the layer
+// combines them (MK_LAST_COMBINES). Every split of the layer before was counted before any of this
+// layer's (the attention waits for this layer's QKV, which comes after the layer before's output
+// projection, whose x is every head's output, each written after its head's last split was
+// counted), so the last is the one that finds (layer + 1) * splits - 1 before it. The count is a release (the partial's writes, through the
+// barrier) and an acquire (the other splits' partials, for the combine's loads after the barrier).
+__device__ void mk_combine_if_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, int layer, float *weight, float *red) {
+    __shared__ int last;
+    const int h = unit / at.splits;
+    consumer_sync();   // every thread's writes of the partial
+    if (threadIdx.x == 0) {
+        unsigned before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(p.counters + p.n_stages + 2 + h) : "memory");
+        last = before + 1 == (unsigned)((layer + 1) * at.splits);
+    }
+    consumer_sync();
+    if (last) mk_combine_unit(p, st, h, at, weight, red);
 }
 
 // Waits until stage `stage` has counted `units` units done (thread 0 polls), then a barrier.
@@ -1347,7 +1392,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     const MkTurn turn = mk_turn(p, pos);
     const unsigned epoch = __ldcg(p.counters + p.n_stages + 1);
     int before = -1, before_units = 0;   // the last stage with units
-    for (int s = 0; s < p.n_stages; s++) {
+    for (int s = 0, layer = 0; s < p.n_stages; layer += p.stages[s].kind == MK_ATTENTION, s++) {
         const MkStage &st = p.stages[s];
         const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
         if (mine > 0) {
@@ -1357,10 +1402,15 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
             if (st.kind == MK_GEMV) mk_linear<Shape>(p, st, at, smem, full, empty, red, turn, epoch);
             else if (st.kind == MK_EMBED) mk_embed(p, st, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
             else {
-                const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits)};
-                for (int u = blockIdx.x; u < units; u += gridDim.x)
-                    if (st.kind == MK_ATTENTION) mk_attention_by_warps<KV, Shape>(p, st, u, step, scratch);
-                    else mk_combine_unit(p, st, u, step, scratch, red);
+                const MkAttnStep step = {pos, splits, ceil_div_dev(pos + 1, splits), mk_tag(epoch, st.ll_writes_out, st.ll_seq_out)};
+                for (int u = blockIdx.x; u < units; u += gridDim.x) {
+                    if (st.kind != MK_ATTENTION) {
+                        mk_combine_unit(p, st, u, step, scratch, red);
+                        continue;
+                    }
+                    mk_attention_by_warps<KV, Shape>(p, st, u, step, scratch);
+                    if (MK_LAST_COMBINES && splits > 1) mk_combine_if_last(p, st, u, step, layer, scratch, red);
+                }
             }
             if (st.count) {
                 consumer_sync();   // every thread's writes of this stage, before the count
@@ -1374,6 +1424,7 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         __threadfence();
         if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
             for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
+            for (int h = 0; h < p.n_heads; h++) p.counters[p.n_stages + 2 + h] = 0;
             p.counters[p.n_stages + 1]++;   // the next step's epoch
             __threadfence();
         }
@@ -1509,6 +1560,7 @@ static bool mk_pack(GpuCtx *g, MkStage *stages, int n, unsigned char **pack, siz
 // Whether stage t writes x (len: how many elements, can: whether it can write them flagged).
 static bool mk_writes(const MkStage &t, const float *x, int *len, bool *can) {
     if (t.kind == MK_EMBED) return *len = t.dim, *can = true, t.x == x;
+    if (t.kind == MK_ATTENTION) return *len = t.dim, *can = MK_ATTN_FLAGS && MK_LAST_COMBINES, t.out == x;
     if (t.kind != MK_GEMV) return *len = 0, *can = false, t.out == x;
     for (int j = 0; j < 3; j++)
         if (t.a.out[j].y == x) {
@@ -1551,11 +1603,13 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 
 // Hand-overs with flags (MK_FLAGS, default on; bench/NOTES.md 63). Where a linear stage's x is
 // written whole by the stage right before it (the residual stream by the output projection, w2 or
-// the embedding; the SwiGLU's output by w1/w3), its elements go over tagged (mk_store_pair): the
+// the embedding; the SwiGLU's output by w1/w3; the attention's output by the attention, MK_ATTN_FLAGS),
+// its elements go over tagged (mk_store_pair): the
 // stage reads x as soon as each element is there instead of after the stage before has counted
 // (a fence, an atomic and a poll: round trips to L2 behind the weights' stream), and the stage
 // before does not count. A buffer goes over flagged only if every stage that writes it can (the
-// embedding; a linear stage without RoPE of one output or the pair; a kept residual add) and
+// embedding; a linear stage without RoPE of one output or the pair; a kept residual add; the
+// attention, where the last split combines) and
 // writes all of it, only linear stages read it, none before the step's first write, and its tags
 // reach (mk_tags_reach). Each such buffer gets a flagged copy (bufs, at most kMkFlagBufs);
 // stages' wait and count are set.
@@ -1746,8 +1800,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             st->dim = e->cols, st->x = m->x;
         } else {   // attention, then its combine step
             st->kind = MK_ATTENTION, st->q = m->q, st->kc = m->key_cache, st->vc = m->value_cache, st->out = m->out;
-            MkStage *c = &host[count++];
-            c->kind = MK_COMBINE, c->out = m->out;
+            st->dim = at.n_heads * at.head_size;
+            if (!MK_LAST_COMBINES) {
+                MkStage *c = &host[count++];
+                c->kind = MK_COMBINE, c->out = m->out;
+            }
         }
     }
     p.keep_floats = mk_keep_residual(host, count, blocks);
@@ -1776,8 +1833,8 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 #endif
     CUDA_CHECK(cudaMalloc(&mg->stages, count * sizeof(MkStage)));
     CUDA_CHECK(cudaMemcpy(mg->stages, host, count * sizeof(MkStage), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMalloc(&p.counters, (count + 2) * sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&p.counters, (count + 2 + at.n_heads) * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2 + at.n_heads) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
