@@ -1117,7 +1117,8 @@ __device__ void mk_attention_merge(const MkParams &p, const MkStage &st, int h, 
     for (int d = 2 * threadIdx.x; d < hs; d += 2 * kMkConsumers) {   // a pair a thread (the head size is even)
         float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int w = 0; w < kMkConsumerWarps; w++) sum[0] += sm[w * (2 + hs) + 2 + d] * weight[w], sum[1] += sm[w * (2 + hs) + 3 + d] * weight[w];
+        for (int w = 0; w < kMkConsumerWarps; w++)
+            sum[0] += sm[w * (2 + hs) + 2 + d] * weight[w], sum[1] += sm[w * (2 + hs) + 3 + d] * weight[w];
         if (splits == 1) mk_attn_out(st, h * hs + d, sum[0] / total, sum[1] / total, at.tag);
         else my_part[2 + d] = sum[0], my_part[3 + d] = sum[1];
     }
@@ -1354,7 +1355,8 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
 // projection, whose x is every head's output, each written after its head's last split was
 // counted), so the last is the one that finds (layer + 1) * splits - 1 before it. The count is a release (the partial's writes, through the
 // barrier) and an acquire (the other splits' partials, for the combine's loads after the barrier).
-__device__ void mk_combine_if_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, int layer, float *weight, float *red) {
+__device__ void mk_combine_if_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, int layer, float *weight,
+                                   float *red) {
     __shared__ int last;
     const int h = unit / at.splits;
     consumer_sync();   // every thread's writes of the partial
