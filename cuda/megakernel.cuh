@@ -1350,11 +1350,12 @@ __device__ void mk_combine_unit(const MkParams &p, const MkStage &st, int h, con
 // After attention unit `unit` of the layer's attention `layer` (0, 1, ... in the step) with more
 // than one split: its block counts the split in its head's counter (p.counters[n_stages + 2 +
 // h], zero at the step's start), and the block that counts the head's last split of the layer
-// combines them (MK_LAST_COMBINES). Every split of the layer before was counted before any of this
-// layer's (the attention waits for this layer's QKV, which comes after the layer before's output
-// projection, whose x is every head's output, each written after its head's last split was
-// counted), so the last is the one that finds (layer + 1) * splits - 1 before it. The count is a release (the partial's writes, through the
-// barrier) and an acquire (the other splits' partials, for the combine's loads after the barrier).
+// combines them (MK_LAST_COMBINES). Every split of the layer before was counted before any of
+// this layer's (the attention waits for this layer's QKV, which comes after the layer before's
+// output projection, whose x is every head's output, each written after its head's last split
+// was counted), so the last is the one that finds (layer + 1) * splits - 1 before it. The count
+// is a release (the partial's writes, through the barrier) and an acquire (the other splits'
+// partials, for the combine's loads after the barrier).
 __device__ void mk_combine_if_last(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, int layer, float *weight,
                                    float *red) {
     __shared__ int last;
@@ -1605,16 +1606,15 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 
 // Hand-overs with flags (MK_FLAGS, default on; bench/NOTES.md 63). Where a linear stage's x is
 // written whole by the stage right before it (the residual stream by the output projection, w2 or
-// the embedding; the SwiGLU's output by w1/w3; the attention's output by the attention, MK_ATTN_FLAGS),
-// its elements go over tagged (mk_store_pair): the
-// stage reads x as soon as each element is there instead of after the stage before has counted
-// (a fence, an atomic and a poll: round trips to L2 behind the weights' stream), and the stage
-// before does not count. A buffer goes over flagged only if every stage that writes it can (the
-// embedding; a linear stage without RoPE of one output or the pair; a kept residual add; the
-// attention, where the last split combines) and
-// writes all of it, only linear stages read it, none before the step's first write, and its tags
-// reach (mk_tags_reach). Each such buffer gets a flagged copy (bufs, at most kMkFlagBufs);
-// stages' wait and count are set.
+// the embedding; the SwiGLU's output by w1/w3; the attention's output by the attention,
+// MK_ATTN_FLAGS), its elements go over tagged (mk_store_pair): the stage reads x as soon as each
+// element is there instead of after the stage before has counted (a fence, an atomic and a poll:
+// round trips to L2 behind the weights' stream), and the stage before does not count. A buffer
+// goes over flagged only if every stage that writes it can (the embedding; a linear stage without
+// RoPE of one output or the pair; a kept residual add; the attention, where the last split
+// combines) and writes all of it, only linear stages read it, none before the step's first
+// write, and its tags reach (mk_tags_reach). Each such buffer gets a flagged copy (bufs, at most
+// kMkFlagBufs); stages' wait and count are set.
 #ifndef MK_FLAGS
 #define MK_FLAGS 1
 #endif
