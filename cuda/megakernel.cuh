@@ -1800,7 +1800,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, 2 * kMkConsumers);
             st->eq = e->q, st->es = e->s, st->ef = e->f, st->estride = e->stride, st->egroups = e->groups, st->egs = e->gs;
             st->dim = e->cols, st->x = m->x;
-        } else {   // attention, then its combine step
+        } else {   // attention (then its combine step, where the last split does not combine)
             st->kind = MK_ATTENTION, st->q = m->q, st->kc = m->key_cache, st->vc = m->value_cache, st->out = m->out;
             st->dim = at.n_heads * at.head_size;
             if (!MK_LAST_COMBINES) {
