@@ -59,7 +59,8 @@
 // streamed, nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits
 // for the one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they
 // are) and MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not
-// waited for: mk_free), all wrong results.
+// waited for, nor counted by the stages before them: mk_free), all wrong results; MK_GRID (the
+// step on that many blocks at most, the other SMs idle).
 // Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
 // (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
 // consumers are between matrices; small slots give more of it in the same shared memory
@@ -486,26 +487,31 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
 // each group's sum is scaled in FP32 (bench/NOTES.md 46).
 struct MkX {
     int8_t *d;     // (3, dpitch): the digits, zero from K to xpad
-    float *u;      // (xpad / 16): u of each group (xpad / gs of them used)
-    float *m16;    // (xpad / 16): the largest |x| of each 16 elements (while staging)
+    float *u;      // (xpad / gs, rounded up to 4): u of each group
+    float *m16;    // (xpad / 16): the largest |x| of each 16 elements while staging, for groups of
+                   // more than 128 only (smaller ones find theirs by shuffles)
     int xpad;      // the row stride rounded up to whole tiles
     int dpitch;    // xpad + 32: digit g's bytes in other banks than digit g + 1's
 };
 // x's padded length (mk_x's xpad; mk_x_bytes and the host's shape check as well): the row stride
 // rounded up to whole tiles.
 __host__ __device__ __forceinline__ int mk_x_pad(int stride) { return ceil_div_dev(stride, kMkCols) * kMkCols; }
-__device__ __forceinline__ MkX mk_x(unsigned char *scratch, int stride) {
+// Floats of MkX's u for groups of 2^gshift: a 16-byte multiple, so that m16 after them is aligned.
+__host__ __device__ __forceinline__ int mk_x_units(int xpad, int gshift) { return ((((xpad - 1) >> gshift) + 1) + 3) & ~3; }
+__device__ __forceinline__ MkX mk_x(unsigned char *scratch, int stride, int gshift) {
     MkX x;
     x.xpad = mk_x_pad(stride);
     x.dpitch = x.xpad + 32;
     x.d = reinterpret_cast<int8_t *>(scratch);
     x.u = reinterpret_cast<float *>(scratch + 3 * x.dpitch);
-    x.m16 = x.u + x.xpad / 16;
+    x.m16 = x.u + mk_x_units(x.xpad, gshift);
     return x;
 }
-__host__ __device__ __forceinline__ int mk_x_bytes(int stride) {
+// The bytes of MkX for a row stride and group size 2^gshift (the larger x takes shared memory the
+// ring's slots would otherwise have: bench/NOTES.md 98).
+__host__ __device__ __forceinline__ int mk_x_bytes(int stride, int gshift) {
     const int xpad = mk_x_pad(stride);
-    return 3 * (xpad + 32) + xpad / 2;
+    return 3 * (xpad + 32) + 4 * mk_x_units(xpad, gshift) + (gshift > 7 ? xpad / 4 : 0);
 }
 
 // Four elements of x from k (zero past K), through L2: other SMs wrote them (norm weights too).
@@ -1027,7 +1033,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                           float *red, const MkTurn turn, unsigned epoch) {
     MkLoop l;
     l.smem = smem, l.full = full, l.empty = empty;
-    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride);
+    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride, st.a.group_shift + 4);
     l.sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const int c = threadIdx.x % 4;
     l.f[0] = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, l.f[1] = c == 0 ? 1.0f / 254.0f : 0.0f;
@@ -1503,8 +1509,13 @@ static int mk_units_of(MkStage *st, int n_out) {
     return st->units;
 }
 
+// A linear unit's rows at most: its row sums take kMkConsumerWarps floats a row of shared memory,
+// which a large vocabulary's classifier would otherwise take from the ring (bench/NOTES.md 98).
+constexpr int kMkUnitRows = 512;
+
 // The linear stage of a call (M = 1, INT8): rows a unit such that the units of all outputs
-// cover the grid once. false (with why) where the megakernel cannot run it.
+// cover the grid once, or twice, ... where a unit would have more than kMkUnitRows. false (with
+// why) where the megakernel cannot run it.
 static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage *st, char *why) {
     const Mat *w = c->w[0];
     if (c->M != 1 || !w->q || !form_consistent(c)) return snprintf(why, ERR_LEN, "a linear layer is not INT8 at M = 1"), false;
@@ -1518,16 +1529,18 @@ static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage 
         if (reinterpret_cast<uintptr_t>(a.out[j].q) % 16) return snprintf(why, ERR_LEN, "weights not 16-byte aligned"), false;
     int rows = 0;
     for (int j = 0; j < n_out; j++) rows += a.out[j].N;
-    a.tma_rows = round_up(ceil_div_i(rows, blocks), 2);
-    for (;; a.tma_rows += 2) {   // QKV: each output's units round up on their own
-        if (mk_units_of(st, n_out) <= blocks) break;
-    }
-    // then whole tiles a unit (the records' rows past a unit's are zeros, read as the others): as
-    // many tiles a unit, the same or fewer units
     const int per_row = st->pair ? 2 : 1;
-    a.tma_rows = round_up(a.tma_rows * per_row, kMkRows) / per_row;
-    mk_units_of(st, n_out);
-    return true;
+    for (int per_block = 1;; per_block++) {   // units a block: one, or more where a unit would have too many rows
+        a.tma_rows = round_up(ceil_div_i(rows, blocks * per_block), 2);
+        for (;; a.tma_rows += 2) {   // QKV: each output's units round up on their own
+            if (mk_units_of(st, n_out) <= blocks * per_block) break;
+        }
+        // then whole tiles a unit (the records' rows past a unit's are zeros, read as the others):
+        // as many tiles a unit, the same or fewer units
+        a.tma_rows = round_up(a.tma_rows * per_row, kMkRows) / per_row;
+        mk_units_of(st, n_out);
+        if (a.tma_rows * per_row <= kMkUnitRows) return true;
+    }
 }
 
 // The linear stages' weights copied into tile order (MkPack) in one allocation, each stage's pack
@@ -1712,7 +1725,8 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
 // A measurement build: what the waits into some stages cost. The environment variable MK_FREE
 // names stages by their role in a layer (qkv, attn, combine, wo, w13, w2, cls; or all), and those
 // stages neither wait for a count nor for x's tags: every block goes on with whatever the buffers
-// hold. The stages' other work, and every other wait, stay as they are.
+// hold; a stage before one that no longer waits does not count. The stages' other work, and every
+// other wait, stay as they are.
 static const char *mk_role(const MkStage *st, int s, int n) {
     const MkStage &t = st[s];
     if (t.kind == MK_ATTENTION) return "attn";
@@ -1738,6 +1752,7 @@ static void mk_free(MkStage *st, int n) {
         if (strcmp(names, "all") && !(at && (at == names || at[-1] == ',') && (at[len] == ',' || !at[len]))) continue;
         st[s].wait = 0, st[s].free_x = st[s].kind == MK_GEMV, freed++;
     }
+    for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;   // a stage no one waits for does not count
     fprintf(stderr, "megakernel: MK_FREE=%s: %d stages not waited for (wrong results)\n", names, freed);
 }
 #endif
@@ -1779,7 +1794,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+#ifdef MK_GRID   // (a measurement build: the step on MK_GRID blocks at most)
+    const int blocks = (g->sms < MK_GRID ? g->sms : MK_GRID) * kMkBlocksPerSm;
+#else
     const int blocks = g->sms * kMkBlocksPerSm;
+#endif
     optin = optin < sm_smem / kMkBlocksPerSm - 1024 ? optin : sm_smem / kMkBlocksPerSm - 1024;   // 1 KB an SM's blocks each keep
     MkStage *host = (MkStage *)calloc(2 * (size_t)n, sizeof(MkStage));
     MkParams p = {};
@@ -1790,7 +1809,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         MkStage *st = &host[count++];
         if (m->kind == MEGA_LINEAR) {
             if (!mk_linear_stage(g, &m->linear, blocks, st, why)) return free(host), (GpuMega *)NULL;
-            const int x_bytes = mk_x_bytes(st->a.stride), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
+            const int x_bytes = mk_x_bytes(st->a.stride, st->a.group_shift + 4), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
             p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;
             p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
             const int slot_bytes = mk_record_bytes(st->a.gs);

@@ -2155,6 +2155,12 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
+    // a vocabulary of 70,001: the megakernel's classifier in units of at most 512 rows, two a
+    // block (over 132 blocks)
+    Config vocab = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 70001, 80);
+    char *vocab32 = tpath("v32.bin"), *vocab8 = tpath("v8.bin");
+    random_model_files(vocab, 0, 32, 0, vocab32, vocab8, NULL);
+    compare_executors("random model, vocabulary 70001, int8 gs32", vocab8, 70, 7, 0);
     // heads of 128, groups of 128, x of 2,049-4,096 elements a stage: with an FP16 cache, the
     // megakernel compiled for that shape (MkShape128), grouped-query ratio 3
     Config shaped = LLAMA2C_CONFIG(2304, 2560, 2, 18, 6, 97, 80);
