@@ -92,6 +92,14 @@ constexpr int kMkConsumerWarps = kMkConsumers / 32, kMkThreads = kMkConsumers + 
 #ifndef MK_IN_FLIGHT
 #define MK_IN_FLIGHT 1
 #endif
+// MK_IN_FLIGHT_DEEP (default 2; MK_IN_FLIGHT for the A/B): the copies a pipe keeps in flight for a
+// stage's tiles past the ring's depth (a block's tiles of the stage from p.slots on), which it
+// copies only after its consumers have begun the stage: its hand-over (x staged) is then behind it,
+// and the next one's far ahead, so that more bytes in flight speed the stream without queueing
+// in front of a hand-over's accesses (bench/NOTES.md 98).
+#ifndef MK_IN_FLIGHT_DEEP
+#define MK_IN_FLIGHT_DEEP 2
+#endif
 // MK_EVICT_FIRST (default on; 0 for the A/B): the weights' copies marked first to leave L2, so
 // that the activations, norm weights and KV cache stay there (bench/NOTES.md 51).
 #ifndef MK_EVICT_FIRST
@@ -425,9 +433,11 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
 // The block's tiles of a step in order, every pipe's: where each one's record is.
 struct MkCursor {
     int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
+    int in_stage = -1;   // the tile's place among the block's tiles of its stage
     const unsigned char *unit = nullptr;
     // To the next tile; false past the step's last.
     __device__ bool next(const MkParams &p) {
+        in_stage++;
         while (++t >= tiles) {
             t = -1, tiles = 0;
             if (s >= 0 && (u += gridDim.x) < p.stages[s].units) {
@@ -437,7 +447,7 @@ struct MkCursor {
             do
                 if (++s >= p.n_stages) return false;
             while (p.stages[s].kind != MK_GEMV || (int)blockIdx.x >= p.stages[s].units);
-            u = blockIdx.x;
+            u = blockIdx.x, in_stage = 0;
             at_unit(p.stages[s]);
         }
         return true;
@@ -466,8 +476,9 @@ __device__ void mk_produce(const MkParams &p, uint32_t ring, uint32_t full, uint
     for (MkCursor tile; tile.next(p); at.next(p.slots)) {
         if (!at.mine(pipe)) continue;
         const uint32_t bar = full + 8 * at.slot, dst = ring + at.slot * p.slot_bytes;
-        const int landed = at.count - min(MK_IN_FLIGHT, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
-        if (MK_IN_FLIGHT > 0 && landed >= 0) mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
+        const int in_flight = tile.in_stage >= p.slots ? MK_IN_FLIGHT_DEEP : MK_IN_FLIGHT;
+        const int landed = at.count - min(in_flight, p.slots / kMkPipes) * kMkPipes;   // the pipe's copy that must have landed
+        if (in_flight > 0 && landed >= 0) mbar_wait(full + 8 * (landed % p.slots), (landed / p.slots) & 1);
         if (at.round > 0) mbar_wait(empty + 8 * at.slot, (at.round - 1) & 1);
 #ifdef MK_NO_COPY   // (a measurement build: the consumers' side alone, on whatever the slots hold)
         mbar_arrive_expect(bar, 0);
