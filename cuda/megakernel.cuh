@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95 and 97 have
-// each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97
+// and 98 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
 //                                   compiled for any model (MkAnyShape) and, with only the paths
@@ -51,16 +51,16 @@
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_LAST_COMBINES, MK_ATTN_FLAGS; for
-// measurement only, MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed
-// run, with the time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each
-// consumer warp's cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring
-// streamed, nothing computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits
-// for the one before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they
-// are) and MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not
-// waited for, nor counted by the stages before them: mk_free), all wrong results; MK_GRID (the
-// step on that many blocks at most, the other SMs idle).
+// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE,
+// MK_REGS, MK_ACCS, MK_LAST_COMBINES, MK_ATTN_FLAGS; for measurement only, MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
+// waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in the tile
+// loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
+// MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one before),
+// MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
+// hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
+// counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on that many
+// blocks at most, the other SMs idle).
 // Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
 // (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
 // consumers are between matrices; small slots give more of it in the same shared memory
