@@ -63,6 +63,11 @@ typedef struct {
 #define EXP_C1 (0x1.ebfce50fac4f3p-3 / 32 / 32)
 #define EXP_C2 (0x1.62e42ff0c52d6p-1 / 32)
 #define EXP_ABSTOP_88 0x42bu
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define X86_CLONES 1
+#include <immintrin.h>   // each instance's #pragma target enables the intrinsics it uses
+// 2^(i/32), read only by the vector instances' exp (clang builds have none)
 static const double exp2_32[32] = {
     0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0, 0x1.172b83c7d517bp+0,
     0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0, 0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0,
@@ -72,10 +77,6 @@ static const double exp2_32[32] = {
     0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0, 0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0,
     0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
 };
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define X86_CLONES 1
-#include <immintrin.h>   // each instance's #pragma target enables the intrinsics it uses
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
