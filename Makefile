@@ -2,8 +2,11 @@
 #   make            binaries, models, and the INT8 demo model
 #   make demo       generate a story from stories260K through the INT8 path
 #   make test       the test suite (GPU tests are skipped where there is no GPU)
-# Independent steps run in parallel (one job per core): nvcc's kernels.o is the long one.
+# Independent steps run in parallel (one job per core): nvcc's kernels.o is the long one. Set at
+# the top level only: a recursive make shares its parent's jobs (setting it again warns).
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 CC      ?= gcc
 CFLAGS  ?= -O3 -std=gnu11 -Wall -Wextra -Wshadow -Wno-unused-parameter -D_FORTIFY_SOURCE=2
 override CFLAGS += -Iengine
