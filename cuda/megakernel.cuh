@@ -1688,6 +1688,10 @@ static bool mk_tags_reach(MkStage *st, int n, const uint2 *buf, int blocks) {
     }
     return true;
 }
+// A stage counts its units where the stage after it waits for them (the last stage always does).
+static void mk_counts_from_waits(MkStage *st, int n) {
+    for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;
+}
 static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
     int n_bufs = 0, n_refused = 0;
     const float *refused[kMkFlagBufs];
@@ -1728,7 +1732,7 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
     }
     for (int s = 0; s < n; s++)
         if (st[s].ll_in && st[s].ll_from == s - 1 && !st[s].ll_counted) st[s].wait = 0;
-    for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;
+    mk_counts_from_waits(st, n);
     return n_bufs;
 }
 
@@ -1763,7 +1767,7 @@ static void mk_free(MkStage *st, int n) {
         if (strcmp(names, "all") && !(at && (at == names || at[-1] == ',') && (at[len] == ',' || !at[len]))) continue;
         st[s].wait = 0, st[s].free_x = st[s].kind == MK_GEMV, freed++;
     }
-    for (int s = 0; s + 1 < n; s++) st[s].count = st[s + 1].wait;   // a stage no one waits for does not count
+    mk_counts_from_waits(st, n);   // a stage no one waits for any more does not count
     fprintf(stderr, "megakernel: MK_FREE=%s: %d stages not waited for (wrong results)\n", names, freed);
 }
 #endif
