@@ -52,10 +52,10 @@
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
 // MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE,
-// MK_REGS, MK_ACCS, MK_LAST_COMBINES, MK_ATTN_FLAGS; for measurement only, MK_TRACE (per-stage
-// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
-// waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in the tile
-// loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
+// MK_REGS, MK_ACCS, MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD; for measurement only, MK_TRACE
+// (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the time the
+// tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
+// the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
 // MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one before),
 // MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
 // hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
@@ -463,6 +463,24 @@ struct MkCursor {
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
+// The classifier's tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
+// the consumers begin the step's last stage, its producers have filled the ring with the block's
+// first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
+// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there:
+// at every linear stage it was slower, and L2 prefetches through the copy engine slower still
+// (bench/NOTES.md 49, 56, 99).
+#ifndef MK_L2_AHEAD
+#define MK_L2_AHEAD 8
+#endif
+__device__ void mk_ask_l2(const MkParams &p, int stage) {
+    if (stage != p.n_stages - 1) return;
+    const MkStage &st = p.stages[stage];
+    if (mk_unit(st, blockIdx.x).tiles < p.slots + MK_L2_AHEAD) return;   // within the block's first unit
+    const int bytes = MK_L2_AHEAD * mk_record_bytes(st.a.gs);
+    const unsigned char *from = st.pack + mk_record_at(st, blockIdx.x, p.slots);
+    for (int at = 128 * (int)threadIdx.x; at < bytes; at += 128 * kMkConsumers) prefetch_l2(from + at);
+}
+
 // Every tile of the block's units, in the step's order, into the next slot of the ring once the
 // consumers have freed it: lane 0 arms the slot's barrier with the tile's bytes and copies its
 // record in two pieces (the weights, only the steps within the row; the scales, to their place).
@@ -667,6 +685,7 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
             else v[i] = mk_load_x4(a.x, k, K);
             if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
+        if (MK_L2_AHEAD && base == 0) mk_ask_l2(p, stage);   // while x's loads are on their way
 #ifdef MK_FREE
         for (bool ready = !flagged || p.stages[stage].free_x; !ready;) {
 #else
