@@ -463,18 +463,18 @@ struct MkCursor {
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
-// The long stages' tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
-// the consumers begin w1/w3 or the classifier (the step's last stage), its producers have filled
-// the ring with the block's first p.slots tiles and copy no more until x is staged and those are
-// freed; the next ones are asked of L2 (prefetch.global.L2, a line a thread) while x's loads are
-// on their way. Only there: with QKV and w2 as well it was slower, and L2 prefetches through the
-// copy engine slower still (bench/NOTES.md 49, 56, 99).
+// The classifier's tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
+// the consumers begin the step's last stage, its producers have filled the ring with the block's
+// first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
+// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there:
+// at every linear stage it was slower, and L2 prefetches through the copy engine slower still
+// (bench/NOTES.md 49, 56, 99).
 #ifndef MK_L2_AHEAD
 #define MK_L2_AHEAD 8
 #endif
 __device__ void mk_ask_l2(const MkParams &p, int stage) {
+    if (stage != p.n_stages - 1) return;
     const MkStage &st = p.stages[stage];
-    if (stage != p.n_stages - 1 && !st.pair) return;
     if (mk_unit(st, blockIdx.x).tiles < p.slots + MK_L2_AHEAD) return;   // within the block's first unit
     const int bytes = MK_L2_AHEAD * mk_record_bytes(st.a.gs);
     const unsigned char *from = st.pack + mk_record_at(st, blockIdx.x, p.slots);
