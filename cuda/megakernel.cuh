@@ -467,8 +467,8 @@ struct MkCursor {
 // the consumers begin the step's last stage, its producers have filled the ring with the block's
 // first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
 // asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there:
-// at every linear stage it was slower, and L2 prefetches through the copy engine slower still
-// (bench/NOTES.md 49, 56, 99).
+// asked at every linear stage, the 7B's shapes were slower; L2 prefetches through the copy engine
+// slower still (bench/NOTES.md 49, 56, 99).
 #ifndef MK_L2_AHEAD
 #define MK_L2_AHEAD 8
 #endif
