@@ -50,12 +50,12 @@
 // Build-time knobs (-D, as `make tune-variant TUNE_DEFS=...` passes them): MK_SLOTS (ring slots at
 // most), MK_PIPES (producer/consumer pipes a block), MK_GROUP_WARPS (consumer warps a pipe),
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
-// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF,
-// MK_FLAGGED_QUADS, MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE,
-// MK_REGS, MK_ACCS, MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD; for measurement only, MK_TRACE
-// (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the time the
-// tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
-// the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
+// MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
+// MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
+// MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD; for measurement only, MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
+// waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in the tile loops
+// and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
 // MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one before),
 // MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
 // hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
