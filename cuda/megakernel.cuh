@@ -60,7 +60,8 @@
 // MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
 // hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
 // counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on that many
-// blocks at most, the other SMs idle).
+// blocks at most, the other SMs idle) and MK_L2_ROLES (the stages that ask L2 for their tiles past
+// the ring: mk_ask_l2).
 // Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
 // (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
 // consumers are between matrices; small slots give more of it in the same shared memory
@@ -466,15 +467,23 @@ struct MkCursor {
 // The classifier's tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
 // the consumers begin the step's last stage, its producers have filled the ring with the block's
 // first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
-// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there:
-// asked at every linear stage, the 7B's shapes were slower; L2 prefetches through the copy engine
-// slower still (bench/NOTES.md 49, 56, 99).
+// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there
+// by default: asked at every linear stage, the 7B's shapes were slower; L2 prefetches through the
+// copy engine slower still (bench/NOTES.md 49, 56, 99). MK_L2_ROLES (for measurement; default 1)
+// names the stages that ask, a bit each: 1 the classifier, 2 w1/w3, 4 the others with a norm
+// (QKV), 8 those without (w2, the output projection).
 #ifndef MK_L2_AHEAD
 #define MK_L2_AHEAD 8
 #endif
+#ifndef MK_L2_ROLES
+#define MK_L2_ROLES 1
+#endif
 __device__ void mk_ask_l2(const MkParams &p, int stage) {
-    if (stage != p.n_stages - 1) return;
+    const bool last = stage == p.n_stages - 1;
+    if (MK_L2_ROLES == 1 && !last) return;   // (the default: no stage's fields loaded)
     const MkStage &st = p.stages[stage];
+    const int role = last ? 1 : st.pair ? 2 : st.norm ? 4 : 8;
+    if (!(MK_L2_ROLES & role)) return;
     if (mk_unit(st, blockIdx.x).tiles < p.slots + MK_L2_AHEAD) return;   // within the block's first unit
     const int bytes = MK_L2_AHEAD * mk_record_bytes(st.a.gs);
     const unsigned char *from = st.pack + mk_record_at(st, blockIdx.x, p.slots);
