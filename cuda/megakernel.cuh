@@ -467,20 +467,20 @@ struct MkCursor {
 // The classifier's tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
 // the consumers begin the step's last stage, its producers have filled the ring with the block's
 // first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
-// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. Only there
-// by default: asked at every linear stage, the 7B's shapes were slower; L2 prefetches through the
-// copy engine slower still (bench/NOTES.md 49, 56, 99). MK_L2_ROLES (for measurement; default 1)
-// names the stages that ask, a bit each: 1 the classifier, 2 w1/w3, 4 the others with a norm
-// (QKV), 8 those without (w2, the output projection).
+// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. w1/w3 ask
+// as well; QKV, w2 and the output projection do not: asking there, the 7B's shapes were slower,
+// and L2 prefetches through the copy engine slower still (bench/NOTES.md 49, 56, 99, 100).
+// MK_L2_ROLES (for measurement; default 3) names the stages that ask, a bit each: 1 the
+// classifier, 2 w1/w3, 4 the others with a norm (QKV), 8 those without (w2, the output
+// projection).
 #ifndef MK_L2_AHEAD
 #define MK_L2_AHEAD 8
 #endif
 #ifndef MK_L2_ROLES
-#define MK_L2_ROLES 1
+#define MK_L2_ROLES 3
 #endif
 __device__ void mk_ask_l2(const MkParams &p, int stage) {
     const bool last = stage == p.n_stages - 1;
-    if (MK_L2_ROLES == 1 && !last) return;   // (the default: no stage's fields loaded)
     const MkStage &st = p.stages[stage];
     const int role = last ? 1 : st.pair ? 2 : st.norm ? 4 : 8;
     if (!(MK_L2_ROLES & role)) return;
