@@ -464,12 +464,13 @@ struct MkCursor {
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
-// The classifier's tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none): when
-// the consumers begin the step's last stage, its producers have filled the ring with the block's
-// first p.slots tiles and copy no more until x is staged and those are freed; the next ones are
-// asked of L2 (prefetch.global.L2, a line a thread) while x's loads are on their way. w1/w3 ask
-// as well; QKV, w2 and the output projection do not: asking there, the 7B's shapes were slower,
-// and L2 prefetches through the copy engine slower still (bench/NOTES.md 49, 56, 99, 100).
+// Tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none) by the classifier
+// (the step's last stage) and w1/w3: when the consumers begin such a stage, its producers have
+// filled the ring with the block's first p.slots tiles of it and copy no more until x is staged
+// and those are freed; the next ones are asked of L2 (prefetch.global.L2, a line a thread) while
+// x's loads are on their way. QKV, w2 and the output projection do not ask: asking there, the
+// 7B's shapes were slower, and L2 prefetches through the copy engine slower still
+// (bench/NOTES.md 49, 56, 99, 100).
 // MK_L2_ROLES (for measurement; default 3) names the stages that ask, a bit each: 1 the
 // classifier, 2 w1/w3, 4 the others with a norm (QKV), 8 those without (w2, the output
 // projection).
