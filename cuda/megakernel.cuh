@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
-// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97
-// and 98 have each design step and where the time goes.
+// bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97,
+// 98, 99, 100 and 101 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
 //                                   compiled for any model (MkAnyShape) and, with only the paths
@@ -378,7 +378,7 @@ struct MkRing {
         if (++slot == slots) slot = 0, round++;
     }
     // (count is never negative; as unsigned, the remainder by a power of two is a mask, not the
-    // signed remainder's shift and correction on every step of the tile loop: bench/NOTES.md 96)
+    // signed remainder's shift and correction on every step of the loops: bench/NOTES.md 96)
     __device__ bool mine(int pipe) const { return (unsigned)count % kMkPipes == (unsigned)pipe; }
 };
 
@@ -464,18 +464,18 @@ struct MkCursor {
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
-// Tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 8; 0: none) by the classifier
+// Tiles past the ring asked of L2 (MK_L2_AHEAD of them, default 16; 0: none) by the classifier
 // (the step's last stage) and w1/w3: when the consumers begin such a stage, its producers have
 // filled the ring with the block's first p.slots tiles of it and copy no more until x is staged
 // and those are freed; the next ones are asked of L2 (prefetch.global.L2, a line a thread) while
 // x's loads are on their way. QKV, w2 and the output projection do not ask: asking there, the
 // 7B's shapes were slower, and L2 prefetches through the copy engine slower still
-// (bench/NOTES.md 49, 56, 99, 100).
+// (bench/NOTES.md 49, 56, 99, 100, 101).
 // MK_L2_ROLES (for measurement; default 3) names the stages that ask, a bit each: 1 the
 // classifier, 2 w1/w3, 4 the others with a norm (QKV), 8 those without (w2, the output
 // projection).
 #ifndef MK_L2_AHEAD
-#define MK_L2_AHEAD 8
+#define MK_L2_AHEAD 16
 #endif
 #ifndef MK_L2_ROLES
 #define MK_L2_ROLES 3
@@ -1015,36 +1015,72 @@ struct MkLoop {
     int stage, stride, gshift, per_row, slots, slot_bytes;
 };
 
+// One of this warp's tiles (tile t of its unit, column tile ct) in its slot: waited for, its
+// products added to acc, the slot freed.
+template <int kGroupSteps>
+__device__ __forceinline__ void mk_tile(const MkParams &p, const MkLoop &l, float acc[2], int slot, int round, int t, int ct,
+                                        MkWarpClock &wc) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x % kMkGroupThreads / 32;
+    const unsigned char *bytes = l.smem + slot * l.slot_bytes;
+    const unsigned long long waiting = mk_clock();   // (MK_TRACE; else 0, and the stamps below nothing)
+    wc.waiting();
+    mbar_wait(l.full + 8 * slot, round & 1);
+    wc.waited();
+    const unsigned long long waited = mk_clock() - waiting;
+    mk_stamp_add(p, l.stage, 8, waited);
+    if (t < kMkPipes) mk_stamp_add(p, l.stage, 9, waited);
+#ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
+    const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
+    const MkTile tile = {bytes + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(bytes + kMkTileBytes),
+                         l.per_row};
+    if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
+#else
+    (void)ct, (void)lane, (void)bytes;
+#endif
+    mbar_arrive(l.empty + 8 * slot);   // this thread is done with the slot: its own reads released
+}
+
 // This warp's tiles of unit b into its row sums (mk_flush), in step with the producer's ring (at:
 // past the unit's tiles on return). kGroupSteps: mk_tile_math's, so that the loop has no branch on
-// the group size between tiles.
-template <int kGroupSteps>
+// the group size between tiles. kOwnTiles: the loop steps through the pipe's own tiles only, every
+// kMkPipes-th; else through every tile of the unit, skipping the other pipes'. The first is faster
+// on the long units of the compiled shape (MkShape128), the second on the small models' short
+// units (bench/NOTES.md 101).
+template <int kGroupSteps, bool kOwnTiles>
 __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
-    const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32;
-    const int slots = l.slots;
+    const int pipe = threadIdx.x / kMkGroupThreads, slots = l.slots;
     float acc[2] = {0.0f, 0.0f};
     int cur = -1;   // the row tile acc holds
-    for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
-        if (!at.mine(pipe)) continue;
-        if (rt != cur) {
-            if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
-            cur = rt;
+    if constexpr (kOwnTiles) {
+        const int first = (pipe - at.count) & (kMkPipes - 1);   // the unit's first tile of this pipe
+        int slot = at.slot + first, round = at.round;
+        if (slot >= slots) slot -= slots, round++;
+        // kMkPipes tiles on: drt row tiles and dct column tiles; the first tile's row and column
+        // tile (by subtraction: no division on the path into the loop)
+        int drt = 0, dct = kMkPipes, rt = 0, ct = first;
+        while (dct >= b.col_tiles) dct -= b.col_tiles, drt++;
+        while (ct >= b.col_tiles) ct -= b.col_tiles, rt++;
+        for (int t = first; t < b.tiles; t += kMkPipes) {
+            if (rt != cur) {
+                if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+                cur = rt;
+            }
+            mk_tile<kGroupSteps>(p, l, acc, slot, round, t, ct, wc);
+            if ((slot += kMkPipes) >= slots) slot -= slots, round++;   // (slots: a multiple of kMkPipes)
+            ct += dct, rt += drt;
+            if (ct >= b.col_tiles) ct -= b.col_tiles, rt++;
         }
-        const unsigned char *slot = l.smem + at.slot * l.slot_bytes;
-        const unsigned long long waiting = mk_clock();   // (MK_TRACE; else 0, and the stamps below nothing)
-        wc.waiting();
-        mbar_wait(l.full + 8 * at.slot, at.round & 1);
-        wc.waited();
-        const unsigned long long waited = mk_clock() - waiting;
-        mk_stamp_add(p, l.stage, 8, waited);
-        if (t < kMkPipes) mk_stamp_add(p, l.stage, 9, waited);
-#ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
-        const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
-        const MkTile tile = {slot + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(slot + kMkTileBytes),
-                             l.per_row};
-        if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
-#endif
-        mbar_arrive(l.empty + 8 * at.slot);   // this thread is done with the slot: its own reads released
+        at.count += b.tiles, at.slot += b.tiles;   // the ring past the unit's tiles, every pipe's
+        while (at.slot >= slots) at.slot -= slots, at.round++;
+    } else {
+        for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
+            if (!at.mine(pipe)) continue;
+            if (rt != cur) {
+                if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
+                cur = rt;
+            }
+            mk_tile<kGroupSteps>(p, l, acc, at.slot, at.round, t, ct, wc);
+        }
     }
     wc.looped();   // from the start's barrier: the loop, waits included
     if (cur >= 0) mk_flush(acc, l.sums, cur, b.prows);
@@ -1054,15 +1090,15 @@ __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock
 template <typename Shape>
 __device__ void mk_unit_tiles_gs(int group_steps, const MkParams &p, const MkLoop &l, const TmaBlock &b, MkRing &at, MkWarpClock &wc) {
     if constexpr (Shape::group_steps >= 0) {
-        mk_unit_tiles<Shape::group_steps>(p, l, b, at, wc);
+        mk_unit_tiles<Shape::group_steps, true>(p, l, b, at, wc);
     } else {
         switch (group_steps) {
-        case 0: mk_unit_tiles<0>(p, l, b, at, wc); break;
-        case 1: mk_unit_tiles<1>(p, l, b, at, wc); break;
-        case 2: mk_unit_tiles<2>(p, l, b, at, wc); break;
-        case 4: mk_unit_tiles<(4 < kMkSteps ? 4 : kMkSteps)>(p, l, b, at, wc); break;
-        case 8: mk_unit_tiles<(8 < kMkSteps ? 8 : kMkSteps)>(p, l, b, at, wc); break;
-        default: mk_unit_tiles<kMkSteps>(p, l, b, at, wc); break;
+        case 0: mk_unit_tiles<0, false>(p, l, b, at, wc); break;
+        case 1: mk_unit_tiles<1, false>(p, l, b, at, wc); break;
+        case 2: mk_unit_tiles<2, false>(p, l, b, at, wc); break;
+        case 4: mk_unit_tiles<(4 < kMkSteps ? 4 : kMkSteps), false>(p, l, b, at, wc); break;
+        case 8: mk_unit_tiles<(8 < kMkSteps ? 8 : kMkSteps), false>(p, l, b, at, wc); break;
+        default: mk_unit_tiles<kMkSteps, false>(p, l, b, at, wc); break;
         }
     }
 }
