@@ -1035,7 +1035,7 @@ __device__ __forceinline__ void mk_tile(const MkParams &p, const MkLoop &l, floa
                          l.per_row};
     if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
 #else
-    (void)ct, (void)lane, (void)bytes;
+    (void)ct, (void)lane, (void)warp, (void)bytes;
 #endif
     mbar_arrive(l.empty + 8 * slot);   // this thread is done with the slot: its own reads released
 }
