@@ -377,6 +377,10 @@ struct MkRing {
         count++;
         if (++slot == slots) slot = 0, round++;
     }
+    __device__ void skip(int n, int slots) {   // n tiles on, n >= 0
+        count += n, slot += n;
+        while (slot >= slots) slot -= slots, round++;
+    }
     // (count is never negative; as unsigned, the remainder by a power of two is a mask, not the
     // signed remainder's shift and correction on every step of the loops: bench/NOTES.md 96)
     __device__ bool mine(int pipe) const { return (unsigned)count % kMkPipes == (unsigned)pipe; }
@@ -1070,8 +1074,7 @@ __device__ void mk_unit_tiles(const MkParams &p, const MkLoop &l, const TmaBlock
             ct += dct, rt += drt;
             if (ct >= b.col_tiles) ct -= b.col_tiles, rt++;
         }
-        at.count += b.tiles, at.slot += b.tiles;   // the ring past the unit's tiles, every pipe's
-        while (at.slot >= slots) at.slot -= slots, at.round++;
+        at.skip(b.tiles, slots);   // past the unit's tiles, every pipe's
     } else {
         for (int t = 0, rt = 0, ct = 0; t < b.tiles; t++, at.next(slots), ct = ct + 1 == b.col_tiles ? (rt++, 0) : ct + 1) {
             if (!at.mine(pipe)) continue;
