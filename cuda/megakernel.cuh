@@ -13,8 +13,6 @@
 //   mk_keep_residual, mk_flags      the schedule's hand-overs, set on the host: the residual
 //                                   stream's rows a block keeps; the activations that go over
 //                                   as tagged pairs of values instead of through counters
-//   mk_x_parts                      a long x (w2's) staged in parts of its columns, each part's
-//                                   tiles in turn, where whole it would leave the SM little L1
 //   gpu_mega_create, gpu_mega_launch, gpu_mega_free
 //
 // The weights of a step do not depend on its activations, only the arithmetic does. So each
@@ -63,7 +61,8 @@
 // hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
 // counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on that many
 // blocks at most, the other SMs idle), MK_L2_ROLES (the stages that ask L2 for their tiles past
-// the ring: mk_ask_l2) and MK_PAD_SMEM (bytes of shared memory a block asks for beyond its own).
+// the ring: mk_ask_l2) and MK_PAD_SMEM (bytes of shared memory a block asks for beyond its own:
+// the SM's carveout, and so its L1, for a ring and x unchanged).
 // Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
 // (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
 // consumers are between matrices; small slots give more of it in the same shared memory
@@ -189,7 +188,6 @@ struct MkStage {
     Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
     int units_of[3];    // GEMV: units of each output (in order)
     const unsigned char *pack;   // GEMV: its weights as MkPack records, in the ring's order
-    int x_parts;        // GEMV: x staged in this many parts of its columns, the unit's tiles of each in turn (mk_x_parts)
     int keep;           // GEMV adding to the residual stream: 1 its rows from L2, 2 from the block's kept copy
                         // (either way kept after), 0 not kept (mk_finish_kept)
     // Hand-overs with flags (MK_FLAGS, mk_flags): ll_in (GEMV): x's elements as tagged pairs
@@ -349,26 +347,6 @@ __device__ TmaBlock mk_unit(const MkStage &st, int u) {
     return b;
 }
 
-// The column tiles of part `part` of a unit's col_tiles in `parts` parts: [*ct0, *ct0 + the count).
-__host__ __device__ __forceinline__ int mk_part_cols(int col_tiles, int parts, int part, int *ct0) {
-    const int per = ceil_div_dev(col_tiles, parts);
-    *ct0 = part * per;
-    return max(0, min(per, col_tiles - *ct0));
-}
-// Tile t of a unit of row_tiles x col_tiles tiles: its row tile (x) and column tile (y). The tiles
-// go part by part (mk_part_cols), row tile by row tile in a part: with one part, row-major.
-__host__ __device__ __forceinline__ int2 mk_tile_at(int t, int row_tiles, int col_tiles, int parts) {
-    for (int part = 0, ct0 = 0;; part++) {
-        const int n = mk_part_cols(col_tiles, parts, part, &ct0);
-        if (t < row_tiles * n) return make_int2(t / n, ct0 + t % n);
-        t -= row_tiles * n;
-    }
-}
-// The columns of x a linear stage stages at once: a part's (whole tiles), or the whole row.
-__host__ __device__ __forceinline__ int mk_x_cols(const MkStage &st) {
-    return st.x_parts > 1 ? ceil_div_dev(ceil_div_dev(st.a.stride, kMkCols), st.x_parts) * kMkCols : st.a.stride;
-}
-
 // A unit's physical rows (pair mode: w1 r, w3 r, w1 r + 1, ...) in the row-major matrices.
 struct MkRows {
     const int8_t *q0, *q1;   // row lrow0 of the output, or of w1 and of w3
@@ -417,7 +395,7 @@ struct MkRing {
 // A linear stage's weights as the ring takes them, written once at load (mk_pack_kernel) from the
 // row-major matrices, so that a tile is one contiguous copy (a 16-row tile of row-major weights
 // was 16 copies of a row piece each, which streamed slower: bench/NOTES.md 46, 49). Unit u's tile
-// t (its row and column tile: mk_tile_at) is record u * mk_tiles_a_unit + t, of
+// t (row tile t / col_tiles, column tile t % col_tiles) is record u * mk_tiles_a_unit + t, of
 // mk_record_bytes: kMkTileBytes of weights in the MMA's fragment order, then the rows' group
 // scales (kMkRows, mk_groups_a_row(gs)). Fragment order: step j (the tile's columns 32j .. 32j +
 // 31) at j * kMkStepBytes, and in it lane 4g + c's 16 bytes as the A fragment's four registers of
@@ -442,8 +420,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     if (t >= b.tiles) return;   // the last unit's rows end sooner: records never copied
     const MkRows r = mk_rows(st, b);
     unsigned char *rec = dst + mk_record_at(st, blockIdx.x, t);
-    const int2 at = mk_tile_at(t, b.tiles / b.col_tiles, b.col_tiles, st.x_parts);
-    const int p0 = at.x * kMkRows, c0 = at.y * kMkCols;
+    const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
     for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
         const int lane = i % 32, col = c0 + 32 * (i / 32) + 8 * (lane % 4);   // a multiple of 8: all in the row or none
         uint2 h[2];
@@ -465,8 +442,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
 // ---------------------------------------------------------------- the producer warp
 // The block's tiles of a step in order, every pipe's: where each one's record is.
 struct MkCursor {
-    int s = -1, u = 0, t = -1, tiles = 0, stride = 0, record = 0;
-    int last0 = 0, last_n = 1, last_bytes = 0;   // the unit's last part: its first tile, column tiles, a partial tile's bytes
+    int s = -1, u = 0, t = -1, tiles = 0, col_tiles = 1, stride = 0, record = 0;
     int in_stage = -1;   // the tile's place among the block's tiles of its stage
     const unsigned char *unit = nullptr;
     // To the next tile; false past the step's last.
@@ -488,16 +464,12 @@ struct MkCursor {
     }
     __device__ void at_unit(const MkStage &st) {
         const TmaBlock b = mk_unit(st, u);
-        tiles = b.tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
-        int ct0 = 0;
-        last_n = mk_part_cols(b.col_tiles, st.x_parts, st.x_parts - 1, &ct0), last0 = tiles - tiles / b.col_tiles * last_n;
-        last_bytes = ceil_div_dev(stride - (b.col_tiles - 1) * kMkCols, 32) * kMkStepBytes;
+        tiles = b.tiles, col_tiles = b.col_tiles, stride = st.a.stride, record = mk_record_bytes(st.a.gs);
         unit = st.pack + mk_record_at(st, u, 0);
     }
     __device__ const unsigned char *weights() const { return unit + (size_t)t * record; }
     __device__ const unsigned char *scales() const { return weights() + kMkTileBytes; }
-    // (a row's last column tile, the last in a row of the last part, copies only its steps within the row)
-    __device__ int weight_bytes() const { return t >= last0 && (t - last0) % last_n == last_n - 1 ? last_bytes : kMkTileBytes; }
+    __device__ int weight_bytes() const { return ceil_div_dev(min(kMkCols, stride - t % col_tiles * kMkCols), 32) * kMkStepBytes; }
     __device__ int scale_bytes() const { return record - kMkTileBytes; }
 };
 
@@ -712,18 +684,15 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
     for (int j = 0; j < 3; j++) *reinterpret_cast<uint32_t *>(xs.d + j * xs.dpitch + k) = d[j];
 }
 
-// Stages x's columns col0 .. col0 + xs.xpad - 1 (with a norm: times the norm weights; a stage
-// with a norm stages x whole) as MkX; returns 1 / rms of the raw x (1 without a norm). Each
-// consumer thread holds kMkXQuads float4 of a batch, all loaded at once; a warp's float4 of one
-// round are 128 consecutive elements, so that a group of up to 128 finds its largest element by
-// shuffles (larger groups: through shared memory, two barriers a batch). Ends with a barrier.
+// Stages x (with a norm: times the norm weights) as MkX; returns 1 / rms of the raw x (1 without
+// a norm). Each consumer thread holds kMkXQuads float4 of a batch, all loaded at once; a warp's
+// float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
+// largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
+// with a barrier.
 template <bool norm, bool flagged, int kMkXQuads>
-__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag,
-                           int col0) {
+__device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
-    const float *x = a.x + col0, *norm_w = norm ? a.norm_w + col0 : nullptr;
-    if (flagged) xf += col0 / 2;   // (col0: whole tiles, even)
-    const int K = min(a.K - col0, xs.xpad), gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
+    const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
     for (int base = 0; base < xs.xpad; base += kMkXBatch) {
         float4 v[kMkXQuads], nw[kMkXQuads];   // x, and the norm weights in the same round of loads
@@ -732,10 +701,10 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
         for (int i = 0; i < kMkXQuads; i++) {
             const int k = base + 4 * (threadIdx.x + i * kMkConsumers);
             if (flagged) f[i] = mk_issue_x4(xf, k, K, tag);
-            else v[i] = mk_load_x4(x, k, K);
-            if (norm) nw[i] = mk_load_x4(norm_w, k, K);
+            else v[i] = mk_load_x4(a.x, k, K);
+            if (norm) nw[i] = mk_load_x4(a.norm_w, k, K);
         }
-        if (MK_L2_AHEAD && base == 0 && col0 == 0) mk_ask_l2(p, stage);   // while x's loads are on their way
+        if (MK_L2_AHEAD && base == 0) mk_ask_l2(p, stage);   // while x's loads are on their way
 #ifdef MK_FREE
         for (bool ready = !flagged || p.stages[stage].free_x; !ready;) {
 #else
@@ -802,7 +771,7 @@ __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *
         }
     }
     mk_stamp(p, stage, 5);
-    const float inv_rms = norm ? inv_rms_of(block_reduce<false, kMkConsumers>(sumsq, red), a.K, a.norm_eps) : 1.0f;
+    const float inv_rms = norm ? inv_rms_of(block_reduce<false, kMkConsumers>(sumsq, red), K, a.norm_eps) : 1.0f;
     consumer_sync();
     return inv_rms;
 }
@@ -818,27 +787,25 @@ __host__ __device__ __forceinline__ int mk_x_quads(int xpad, bool norm, bool fla
 }
 // mk_stage_x with mk_x_quads' batches (Shape's, where it fixes them).
 template <bool norm, bool flagged, typename Shape>
-__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag,
-                               int col0) {
+__device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     if constexpr (Shape::x_quads > 0) {
-        return mk_stage_x<norm, flagged, Shape::x_quads>(p, stage, xs, red, a, xf, tag, col0);
+        return mk_stage_x<norm, flagged, Shape::x_quads>(p, stage, xs, red, a, xf, tag);
     } else {
         const int quads = mk_x_quads(xs.xpad, norm, flagged);
-        if (quads == 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag, col0);
-        if (quads == 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, tag, col0);
-        if (quads == kMkXMost) return mk_stage_x<norm, flagged, kMkXMost>(p, stage, xs, red, a, xf, tag, col0);
-        return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, tag, col0);
+        if (quads == 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag);
+        if (quads == 4) return mk_stage_x<norm, flagged, 4>(p, stage, xs, red, a, xf, tag);
+        if (quads == kMkXMost) return mk_stage_x<norm, flagged, kMkXMost>(p, stage, xs, red, a, xf, tag);
+        return mk_stage_x<norm, flagged, flagged ? MK_FLAGGED_QUADS : 8>(p, stage, xs, red, a, xf, tag);
     }
 }
-// x of stage st from column col0: flagged (st.ll_in) or through its counter's wait, with or without
-// a norm.
+// x of stage st: flagged (st.ll_in) or through its counter's wait, with or without a norm.
 template <typename Shape>
-__device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch, int col0) {
+__device__ float mk_stage_x_of(const MkParams &p, const MkStage &st, int stage, const MkX &xs, float *red, unsigned epoch) {
     const unsigned tag = mk_tag(epoch, st.ll_writes_in, st.ll_seq_in);
-    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag, col0)
-                                 : mk_stage_x_fit<false, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag, col0);
-    return st.norm ? mk_stage_x_fit<true, false, Shape>(p, stage, xs, red, st.a, nullptr, 0, col0)
-                   : mk_stage_x_fit<false, false, Shape>(p, stage, xs, red, st.a, nullptr, 0, col0);
+    if (st.ll_in) return st.norm ? mk_stage_x_fit<true, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag)
+                                 : mk_stage_x_fit<false, true, Shape>(p, stage, xs, red, st.a, st.ll_in, tag);
+    return st.norm ? mk_stage_x_fit<true, false, Shape>(p, stage, xs, red, st.a, nullptr, 0)
+                   : mk_stage_x_fit<false, false, Shape>(p, stage, xs, red, st.a, nullptr, 0);
 }
 
 // d += a . b: a 16 x 32 int8 tile of weights (the A fragment's registers), b 32 x 8 int8 (x's
@@ -999,7 +966,7 @@ __device__ MkTurn mk_turn(const MkParams &p, int pos) {
 #endif
 // With st.ll_out the rows are handed over flagged (tag; the first stage's values from before
 // carry the tag prev), a pair a word (b.lrow0 is even).
-__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, int warps, float *keep, float inv_rms, unsigned tag,
+__device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float *sums, float *keep, float inv_rms, unsigned tag,
                                unsigned prev) {
     const int l = 2 * threadIdx.x;   // one pair a thread: the host keeps at most 2 kMkConsumers rows
     if (l >= b.lrows) return;
@@ -1019,7 +986,7 @@ __device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float
             continue;
         }
         if (st.keep != 2 && !st.ll_out) v[r] = __ldcg(y + l + r);
-        v[r] += finish_output(warps_row_sum(sums, warps, b.prows, l + r), 0.0f, inv_rms, false);
+        v[r] += finish_output(warps_row_sum(sums, kMkConsumerWarps, b.prows, l + r), 0.0f, inv_rms, false);
         if (!st.ll_out) y[l + r] = v[r];
         keep[l + r] = v[r];
     }
@@ -1030,15 +997,15 @@ __device__ void mk_finish_kept(const MkStage &st, const TmaBlock &b, const float
 // operations as finish_block_rows with store_rows, a row a thread (two a thread doubled the
 // finish's chain of shared-memory sums: bench/NOTES.md 75); an even lane stores its row and the
 // next lane's as a word (b.lrow0 is even).
-__device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, int warps, float inv_rms, unsigned tag) {
+__device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, unsigned tag) {
     const bool pair = st.pair != 0;
     for (int base = 0; base < b.lrows; base += kMkConsumers) {   // alike for every thread: whole warps at the shuffle
         const int l = base + threadIdx.x;
         float v = 0.0f;   // past the unit's rows: the word's padding
         if (l < b.lrows) {
             const int p = pair ? 2 * l : l;
-            const float s0 = warps_row_sum(sums, warps, b.prows, p);
-            const float s1 = pair ? warps_row_sum(sums, warps, b.prows, p + 1) : 0.0f;
+            const float s0 = warps_row_sum(sums, kMkConsumerWarps, b.prows, p);
+            const float s1 = pair ? warps_row_sum(sums, kMkConsumerWarps, b.prows, p + 1) : 0.0f;
             v = finish_output(s0, s1, inv_rms, pair);
         }
         const float next = __shfl_down_sync(0xffffffffu, v, 1);
@@ -1050,9 +1017,8 @@ __device__ void mk_finish_flagged(const MkStage &st, const TmaBlock &b, const fl
 // memory, which each barrier wait of the loop would otherwise load again.
 struct MkLoop {
     unsigned char *smem;   // the ring's slots
-    float *sums;           // (consumer warps, prows) of the unit (of its x part)
-    MkX xs;                // (of a part: its digits and units as if x began at column 0)
-    int ct0;               // the part's first column tile
+    float *sums;           // (consumer warps, prows) of the unit
+    MkX xs;
     uint32_t full, empty;
     float f[2];            // mk_group_sum's weights of this lane's digits
     int stage, stride, gshift, per_row, slots, slot_bytes;
@@ -1073,7 +1039,7 @@ __device__ __forceinline__ void mk_tile(const MkParams &p, const MkLoop &l, floa
     mk_stamp_add(p, l.stage, 8, waited);
     if (t < kMkPipes) mk_stamp_add(p, l.stage, 9, waited);
 #ifndef MK_NO_MATH   // (a measurement build: the ring's streaming alone)
-    const int c0 = (l.ct0 + ct) * kMkCols, k0 = c0 + kMkSpan * warp;
+    const int c0 = ct * kMkCols, k0 = c0 + kMkSpan * warp;
     const MkTile tile = {bytes + kMkSteps * warp * kMkStepBytes + 16 * lane, reinterpret_cast<const float *>(bytes + kMkTileBytes),
                          l.per_row};
     if (k0 < l.stride) mk_tile_math<kGroupSteps>(acc, tile, l.xs, l.f, c0, k0, l.stride, l.gshift);
@@ -1146,17 +1112,12 @@ __device__ void mk_unit_tiles_gs(int group_steps, const MkParams &p, const MkLoo
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
-// x is staged once, before the first unit's tiles, or where it goes in parts (st.x_parts > 1,
-// stages without a norm), each part before the unit's tiles of it, once every warp is done with
-// the part before's; each part's tiles sum into their own (consumer warps, prows) of the sums.
-// (One call site each of x's staging and the tile loop: the kernel's code is large.)
 template <typename Shape>
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
                           float *red, const MkTurn turn, unsigned epoch) {
     MkLoop l;
     l.smem = smem, l.full = full, l.empty = empty;
-    l.xs = mk_x(smem + p.slots * p.slot_bytes, mk_x_cols(st), st.a.group_shift + 4);
-    l.ct0 = 0;
+    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride, st.a.group_shift + 4);
     l.sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const int c = threadIdx.x % 4;
     l.f[0] = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, l.f[1] = c == 0 ? 1.0f / 254.0f : 0.0f;
@@ -1164,43 +1125,29 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
     l.slots = p.slots, l.slot_bytes = p.slot_bytes;
     const int group_steps = mk_group_steps(st.a.gs), stage = l.stage;
     const bool pair = st.pair != 0;
-    const int parts = st.x_parts, warps = kMkConsumerWarps * parts;
-    const MkX xs = l.xs;
-    float *const sums0 = l.sums, inv_rms = 1.0f;
+    const float inv_rms = mk_stage_x_of<Shape>(p, st, stage, l.xs, red, epoch);
+    mk_stamp(p, stage, 2);
     for (int u = blockIdx.x; u < st.units; u += gridDim.x) {
         const TmaBlock b = mk_unit(st, u);
         MkWarpClock wc;   // (MK_TRACE_MATH; else nothing)
         wc.start();
-        for (int e = threadIdx.x; e < warps * b.prows; e += kMkConsumers) sums0[e] = 0.0f;
-        const bool staged = parts == 1 && u != (int)blockIdx.x;
-        if (staged) consumer_sync();   // (else x's staging ends with a barrier)
-        for (int part = 0; part < parts; part++) {
-            TmaBlock pb = b;
-            if (parts > 1) pb.col_tiles = mk_part_cols(b.col_tiles, parts, part, &l.ct0), pb.tiles = b.tiles / b.col_tiles * pb.col_tiles;
-            if (!staged) {
-                const int col0 = l.ct0 * kMkCols;
-                if (part > 0) consumer_sync();   // every warp done with the part before's digits
-                inv_rms = mk_stage_x_of<Shape>(p, st, stage, xs, red, epoch, col0);
-                l.xs = xs, l.xs.d -= col0, l.xs.u -= col0 >> l.gshift;   // indexed by the column in the row, as x whole
-                if (part == 0) mk_stamp(p, stage, 2);
-            }
-            l.sums = sums0 + part * kMkConsumerWarps * b.prows;
-            wc.started();
-            mk_unit_tiles_gs<Shape>(group_steps, p, l, pb, at, wc);
-        }
+        for (int e = threadIdx.x; e < kMkConsumerWarps * b.prows; e += kMkConsumers) l.sums[e] = 0.0f;
+        consumer_sync();
+        wc.started();
+        mk_unit_tiles_gs<Shape>(group_steps, p, l, b, at, wc);
         consumer_sync();   // sums complete
         wc.ended();
         wc.add(p, stage);
         mk_stamp(p, stage, 6);
 #ifndef MK_NO_FINISH   // (a measurement build: nothing stored; only with MK_FLAGS=0, or it waits forever)
-        float *sums = sums0;
+        float *sums = l.sums;
         if (st.keep)
-            mk_finish_kept(st, b, sums, warps, sums + p.sums_floats, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out),
+            mk_finish_kept(st, b, sums, sums + p.sums_floats, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out),
                            mk_tag(epoch, st.ll_writes_out, st.ll_seq_prev));
         else if (st.ll_out)
-            mk_finish_flagged(st, b, sums, warps, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
+            mk_finish_flagged(st, b, sums, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
         else
-            finish_block_rows(st.a, st.a.out[b.j], b, sums, warps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
+            finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
                               turn.pos);
 #else
         (void)pair;
@@ -1636,7 +1583,6 @@ struct GpuMega {
     int blocks;
     void (*kernel)(MkParams);   // mega_kernel for the KV cache's type and, where the model has it, a compiled shape (MkShape)
     const char *shape;          // that shape, or NULL
-    int x_parts;                // the most parts a stage's x is staged in (mk_x_parts)
     int *kinds;        // host: each stage's MK_* (the trace report)
 };
 
@@ -1657,7 +1603,7 @@ constexpr int kMkUnitRows = 512;
 static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage *st, char *why) {
     const Mat *w = c->w[0];
     if (c->M != 1 || !w->q || !form_consistent(c)) return snprintf(why, ERR_LEN, "a linear layer is not INT8 at M = 1"), false;
-    st->kind = MK_GEMV, st->x_parts = 1;
+    st->kind = MK_GEMV;
     st->a = linear_q8_args(g, c);
     st->pair = c->form == LINEAR_SWIGLU, st->norm = c->norm_w != NULL;
     Q8Args &a = st->a;
@@ -1917,7 +1863,7 @@ static bool mk_takes_shape128(const MkStage *st, int n, MegaAttention at) {
     if (!at.kv_half || at.head_size != MkShape128::hs || !MK_ATTN_WIDE) return false;
     for (int s = 0; s < n; s++) {
         if (st[s].kind != MK_GEMV) continue;
-        const int quads = mk_x_quads(mk_x_pad(mk_x_cols(st[s])), st[s].norm, st[s].ll_in != NULL);
+        const int quads = mk_x_quads(mk_x_pad(st[s].a.stride), st[s].norm, st[s].ll_in != NULL);
         if (mk_group_steps(st[s].a.gs) != MkShape128::group_steps || quads != MkShape128::x_quads)
             return false;
     }
@@ -1926,45 +1872,6 @@ static bool mk_takes_shape128(const MkStage *st, int n, MegaAttention at) {
 
 static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
-}
-
-// The block's x area and row sums (p->scratch_bytes, p->sums_floats) for the stages' x parts.
-static void mk_size_scratch(const MkStage *st, int n, MkParams *p) {
-    p->scratch_bytes = kMkAttnFloats * 4, p->sums_floats = 0;
-    for (int s = 0; s < n; s++) {
-        if (st[s].kind != MK_GEMV) continue;
-        const int x_bytes = mk_x_bytes(mk_x_cols(st[s]), st[s].a.group_shift + 4);
-        const int sums = kMkConsumerWarps * st[s].x_parts * (st[s].pair ? 2 : 1) * st[s].a.tma_rows;
-        p->scratch_bytes = x_bytes > p->scratch_bytes ? x_bytes : p->scratch_bytes;
-        p->sums_floats = sums > p->sums_floats ? sums : p->sums_floats;
-    }
-    p->scratch_bytes = round_up(p->scratch_bytes, 128);
-}
-
-// Where the longest x (a stage without a norm: w2's) takes the block's shared memory past the
-// SM's second-largest carveout, at the largest the SM keeps 28 KB of L1, and its loads in flight
-// were measured slower (bench/NOTES.md 102). Such an x is then staged in parts of its columns
-// (MkStage::x_parts; its tiles in that order, mk_tile_at), the fewest that bring the block within
-// that carveout with the ring's slots at most, if any do (x_parts 1 everywhere where none do).
-constexpr size_t kMkL1Carveout = 196 * 1024;
-constexpr int kMkMaxParts = 4;
-static void mk_x_parts(MkStage *st, int n, MkParams *p) {
-    int norm_cols = 0;   // the longest x staged whole (with a norm: its sum of squares in one pass)
-    for (int s = 0; s < n; s++)
-        if (st[s].kind == MK_GEMV && st[s].norm && st[s].a.stride > norm_cols) norm_cols = st[s].a.stride;
-    for (int parts = 1; parts <= kMkMaxParts; parts++) {
-        for (int s = 0; s < n; s++) {
-            if (st[s].kind != MK_GEMV) continue;
-            const int col_tiles = ceil_div_i(st[s].a.stride, kMkCols), per = ceil_div_i(col_tiles, parts);
-            const bool splits = !st[s].norm && st[s].a.stride > norm_cols && (parts - 1) * per < col_tiles;   // no part empty
-            st[s].x_parts = splits ? parts : 1;
-        }
-        mk_size_scratch(st, n, p);
-        p->slots = kMkMaxSlots;
-        if (mk_smem_bytes(*p) + 1024 <= kMkL1Carveout) return;
-    }
-    for (int s = 0; s < n; s++) st[s].x_parts = 1;
-    mk_size_scratch(st, n, p);
 }
 
 extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
@@ -1983,12 +1890,16 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     optin = optin < sm_smem / kMkBlocksPerSm - 1024 ? optin : sm_smem / kMkBlocksPerSm - 1024;   // 1 KB an SM's blocks each keep
     MkStage *host = (MkStage *)calloc(2 * (size_t)n, sizeof(MkStage));
     MkParams p = {};
+    p.scratch_bytes = kMkAttnFloats * 4;
     int count = 0;
     for (int s = 0; s < n; s++) {
         const MegaStage *m = &stages[s];
         MkStage *st = &host[count++];
         if (m->kind == MEGA_LINEAR) {
             if (!mk_linear_stage(g, &m->linear, blocks, st, why)) return free(host), (GpuMega *)NULL;
+            const int x_bytes = mk_x_bytes(st->a.stride, st->a.group_shift + 4), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
+            p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;
+            p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
             const int slot_bytes = mk_record_bytes(st->a.gs);
             p.slot_bytes = slot_bytes > p.slot_bytes ? slot_bytes : p.slot_bytes;
         } else if (m->kind == MEGA_EMBED) {
@@ -2006,8 +1917,8 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         }
     }
     p.keep_floats = mk_keep_residual(host, count, blocks);
+    p.scratch_bytes = round_up(p.scratch_bytes, 128);
     p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
-    mk_x_parts(host, count, &p);
     p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
     p.inputs = g->inputs;
     for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots -= kMkPipes) {}
@@ -2018,8 +1929,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         return NULL;
     }
     GpuMega *mg = (GpuMega *)calloc(1, sizeof(GpuMega));
-    mg->smem = mk_smem_bytes(p) + MK_PAD_SMEM, mg->blocks = blocks, mg->x_parts = 1;
-    for (int s = 0; s < count; s++) mg->x_parts = host[s].x_parts > mg->x_parts ? host[s].x_parts : mg->x_parts;
+    mg->smem = mk_smem_bytes(p) + MK_PAD_SMEM, mg->blocks = blocks;
     mg->kernel = at.kv_half ? mega_kernel<__half, MkAnyShape> : mega_kernel<float, MkAnyShape>;
     if (!mk_kernel_fits(mg->kernel, mg->smem, why)) return free(host), free(mg), (GpuMega *)NULL;
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
@@ -2168,10 +2078,8 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 }
 
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
-    char parts[64] = "";
-    if (m->x_parts > 1) snprintf(parts, sizeof parts, ", the longest x staged in %d parts", m->x_parts);
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory%s, a %.2f GB copy in tile order%s%s", m->blocks,
-             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, parts, m->pack_bytes / 1e9, m->shape ? ", compiled for " : "",
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, a %.2f GB copy in tile order%s%s", m->blocks,
+             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9, m->shape ? ", compiled for " : "",
              m->shape ? m->shape : "");
 }
 
