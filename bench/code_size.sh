@@ -6,10 +6,14 @@
 set -eu
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+for tool in "$NVCC" readelf c++filt; do
+    command -v "$tool" > /dev/null || { echo "code_size.sh: $tool not found (nvcc, and binutils' readelf and c++filt)" >&2; exit 2; }
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iengine "$@" -cubin kernels.cu -o "$tmp/k.cubin"
-readelf -SW "$tmp/k.cubin" 2>/dev/null | awk '$2 ~ /^\.text\..*mega_kernel/ { print $2, $6 }' |
+readelf -SW "$tmp/k.cubin" 2>/dev/null | awk '$2 ~ /^\.text\..*mega_kernel/ { print $2, $6 }' > "$tmp/sections"
+[ -s "$tmp/sections" ] || { echo "code_size.sh: no mega_kernel code in the cubin (built without sm_90a?)" >&2; exit 1; }
 while read -r section size; do
     printf "%8d  %s\n" "$((0x$size))" "$(echo "${section#.text.}" | c++filt | sed 's/(anonymous namespace):://g')"
-done
+done < "$tmp/sections"
