@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
 // bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97,
-// 98, 99, 100, 101 and 103 have each design step and where the time goes.
+// 98, 99, 100, 101, 103 and 104 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
 //                                   compiled for any model (MkAnyShape) and, with only the paths
@@ -52,10 +52,11 @@
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
 // MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD; for measurement only, MK_TRACE (per-stage
-// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
-// waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in the tile loops
-// and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing computed),
+// MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD, MK_X_PARTS, MK_UNIT_ROWS; for measurement only,
+// MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the
+// time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's
+// cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed,
+// nothing computed),
 // MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one before),
 // MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
 // hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
@@ -73,6 +74,11 @@
 #endif
 #ifndef MK_PAD_SMEM
 #define MK_PAD_SMEM 0
+#endif
+// MK_X_PARTS (default 2; 1: never): the most parts a long x is split into (mk_split_long_x; each
+// part is a stage, and more than two cost more than the L1 they win: bench/NOTES.md 104).
+#ifndef MK_X_PARTS
+#define MK_X_PARTS 2
 #endif
 
 namespace {
@@ -212,6 +218,10 @@ struct MkStage {
     const float *q;
     const void *kc, *vc;
     float *out;
+    // GEMV (set on the host, read by mk_pack_kernel only): x is columns x_off .. x_off + a.K - 1 of
+    // an x of x_len (mk_split_long_x; else 0 and a.K); the matrix's rows are src_stride bytes and
+    // src_groups scales apart (a.stride and a.groups: the stage's own columns)
+    int x_off, x_len, src_stride, src_groups;
 };
 
 struct MkParams {
@@ -361,7 +371,7 @@ struct MkRows {
 };
 __device__ MkRows mk_rows(const MkStage &st, const TmaBlock &b) {
     MkRows r;
-    r.pair = st.pair, r.stride = st.a.stride, r.groups = st.a.groups;
+    r.pair = st.pair, r.stride = st.src_stride, r.groups = st.src_groups;
     const Q8Out &o0 = st.pair ? st.a.out[0] : st.a.out[b.j], &o1 = st.a.out[1];
     r.q0 = o0.q + (size_t)b.lrow0 * r.stride, r.s0 = o0.s + (size_t)b.lrow0 * r.groups;
     r.q1 = r.pair ? o1.q + (size_t)b.lrow0 * r.stride : r.q0, r.s1 = r.pair ? o1.s + (size_t)b.lrow0 * r.groups : r.s0;
@@ -427,11 +437,11 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             const int row = p0 + lane / 4 + 8 * k;
-            h[k] = row < b.prows && col < r.stride ? *reinterpret_cast<const uint2 *>(r.q(row) + col) : make_uint2(0u, 0u);
+            h[k] = row < b.prows && col < st.a.stride ? *reinterpret_cast<const uint2 *>(r.q(row) + col) : make_uint2(0u, 0u);
         }
         *reinterpret_cast<uint4 *>(rec + 16 * i) = make_uint4(h[0].x, h[1].x, h[0].y, h[1].y);
     }
-    const int per_row = mk_groups_a_row(gs), g0 = c0 / gs, n = min(r.groups, (min(c0 + kMkCols, r.stride) + gs - 1) / gs) - g0;
+    const int per_row = mk_groups_a_row(gs), g0 = c0 / gs, n = min(st.a.groups, (min(c0 + kMkCols, st.a.stride) + gs - 1) / gs) - g0;
     float *scales = reinterpret_cast<float *>(rec + kMkTileBytes);
     for (int e = threadIdx.x; e < kMkRows * per_row; e += blockDim.x) {
         const int row = p0 + e / per_row, k = e % per_row;
@@ -1583,6 +1593,8 @@ struct GpuMega {
     int blocks;
     void (*kernel)(MkParams);   // mega_kernel for the KV cache's type and, where the model has it, a compiled shape (MkShape)
     const char *shape;          // that shape, or NULL
+    int x_parts;                // the most parts an x is staged in (mk_split_long_x)
+    float *part_rows;           // the first parts' output, read by no one (mk_part_rows), or NULL
     int *kinds;        // host: each stage's MK_* (the trace report)
 };
 
@@ -1593,9 +1605,13 @@ static int mk_units_of(MkStage *st, int n_out) {
     return st->units;
 }
 
-// A linear unit's rows at most: its row sums take kMkConsumerWarps floats a row of shared memory,
-// which a large vocabulary's classifier would otherwise take from the ring (bench/NOTES.md 98).
-constexpr int kMkUnitRows = 512;
+// A linear unit's rows at most (MK_UNIT_ROWS): its row sums take kMkConsumerWarps floats a row of
+// shared memory, which a large vocabulary's classifier would otherwise take from the ring, or
+// from the room under the SM's carveout step (bench/NOTES.md 98, 104).
+#ifndef MK_UNIT_ROWS
+#define MK_UNIT_ROWS 256
+#endif
+constexpr int kMkUnitRows = MK_UNIT_ROWS;
 
 // The linear stage of a call (M = 1, INT8): rows a unit such that the units of all outputs
 // cover the grid once, or twice, ... where a unit would have more than kMkUnitRows. false (with
@@ -1607,6 +1623,7 @@ static bool mk_linear_stage(GpuCtx *g, const LinearCall *c, int blocks, MkStage 
     st->a = linear_q8_args(g, c);
     st->pair = c->form == LINEAR_SWIGLU, st->norm = c->norm_w != NULL;
     Q8Args &a = st->a;
+    st->x_off = 0, st->x_len = a.K, st->src_stride = a.stride, st->src_groups = a.groups;
     if (a.group_shift < 0 || a.stride % 16) return snprintf(why, ERR_LEN, "group size %d or row stride %d", a.gs, a.stride), false;
     const int n_out = st->pair ? 1 : a.n_out;
     for (int j = 0; j < (st->pair ? 2 : a.n_out); j++)
@@ -1715,6 +1732,19 @@ static int mk_keep_residual(MkStage *st, int n, int blocks) {
 #ifndef MK_FLAGS
 #define MK_FLAGS 1
 #endif
+// The whole x that linear stage t reads a part of (mk_split_long_x), or all of.
+static const float *mk_x_whole(const MkStage &t) { return t.a.x - t.x_off; }
+// Whether stage t reads its x from the flagged buffer buf (at its part's place in it).
+static bool mk_reads_flagged(const MkStage &t, const uint2 *buf) { return t.ll_in && t.ll_in - t.x_off / 2 == buf; }
+// Whether stage `from` is the one right before linear stage s, or before only the parts of s's x
+// that come first (mk_split_long_x: those write no other stage's input, only the block's kept rows).
+static bool mk_written_before(const MkStage *st, int s, int from) {
+    int b = s - 1;
+    while (b > from && st[b].kind == MK_GEMV && st[b].x_len == st[s].x_len && mk_x_whole(st[b]) == mk_x_whole(st[s]) &&
+           st[b].x_off < st[s].x_off)
+        b--;
+    return b == from;
+}
 // Whether x can go over flagged (above).
 static bool mk_flaggable(const MkStage *st, int n, const float *x, int len) {
     bool written = false;
@@ -1723,7 +1753,7 @@ static bool mk_flaggable(const MkStage *st, int n, const float *x, int len) {
         int wlen = 0;
         bool can = false;
         if (t.kind == MK_ATTENTION && (t.q == x || t.kc == x || t.vc == x)) return false;
-        if (t.kind == MK_GEMV && t.a.x == x && !written) return false;
+        if (t.kind == MK_GEMV && mk_x_whole(t) == x && !written) return false;
         if (mk_writes(t, x, &wlen, &can)) {
             if (!can || wlen != len || (t.kind == MK_GEMV && t.a.accumulate && !written)) return false;   // adds to x: reads it
             written = true;
@@ -1746,7 +1776,7 @@ static bool mk_tags_reach(MkStage *st, int n, const uint2 *buf, int blocks) {
         long long seen = -1, own = -1;   // own: the block's last write of its kept rows, which its own reads see
         for (int s = 0; s < n; s++) {
             MkStage &t = st[s];
-            const bool reads = t.ll_in == buf, reads_prev = t.ll_out == buf && t.keep == 1;
+            const bool reads = mk_reads_flagged(t, buf), reads_prev = t.ll_out == buf && t.keep == 1;
             if (t.kind != MK_GEMV || b >= t.units) continue;
             if (reads || reads_prev) {
                 const long long want = reads ? t.ll_seq_in : t.ll_seq_prev;
@@ -1770,26 +1800,28 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
     const float *refused[kMkFlagBufs];
     for (int s = 0; s < n; s++) st[s].wait = st[s].count = 1;
     for (int r = 0; MK_FLAGS && r < n && n_bufs < kMkFlagBufs && n_refused < kMkFlagBufs; r++) {
-        const float *x = st[r].a.x;
+        if (st[r].kind != MK_GEMV) continue;
+        const float *x = mk_x_whole(st[r]);
         bool tried = false;
         for (int i = 0; i < n_refused; i++) tried = tried || refused[i] == x;
-        if (st[r].kind != MK_GEMV || st[r].ll_in || tried || !mk_flaggable(st, n, x, st[r].a.K)) continue;
+        if (st[r].ll_in || tried || !mk_flaggable(st, n, x, st[r].x_len)) continue;
         uint2 *buf = NULL;
-        const size_t words = ((size_t)st[r].a.K + 1) / 2;
+        const size_t words = ((size_t)st[r].x_len + 1) / 2;
         CUDA_CHECK(cudaMalloc(&buf, words * sizeof(uint2)));
         CUDA_CHECK(cudaMemset(buf, 0, words * sizeof(uint2)));   // tag 0: write -1's
         int writes = 0;
         for (int s = 0, last = -1; s < n; s++) {
             int wlen = 0;
             bool can = false;
-            if (st[s].kind == MK_GEMV && st[s].a.x == x) st[s].ll_in = buf, st[s].ll_from = last, st[s].ll_seq_in = writes - 1;
+            if (st[s].kind == MK_GEMV && mk_x_whole(st[s]) == x)
+                st[s].ll_in = buf + st[s].x_off / 2, st[s].ll_from = last, st[s].ll_seq_in = writes - 1;
             if (mk_writes(st[s], x, &wlen, &can)) {
                 st[s].ll_out = buf, st[s].ll_seq_prev = writes - 1, st[s].ll_seq_out = writes++;
                 last = s;
             }
         }
         for (int s = 0; s < n; s++) {
-            if (st[s].ll_in == buf) st[s].ll_writes_in = writes;
+            if (mk_reads_flagged(st[s], buf)) st[s].ll_writes_in = writes;
             if (st[s].ll_out == buf) st[s].ll_writes_out = writes;
         }
         if (mk_tags_reach(st, n, buf, blocks)) {
@@ -1797,14 +1829,14 @@ static int mk_flags(MkStage *st, int n, uint2 **bufs, int blocks) {
             continue;
         }
         for (int s = 0; s < n; s++) {   // counted instead
-            if (st[s].ll_in == buf) st[s].ll_in = NULL, st[s].ll_counted = 0;
+            if (mk_reads_flagged(st[s], buf)) st[s].ll_in = NULL, st[s].ll_counted = 0;
             if (st[s].ll_out == buf) st[s].ll_out = NULL;
         }
         CUDA_CHECK(cudaFree(buf));
         refused[n_refused++] = x;
     }
     for (int s = 0; s < n; s++)
-        if (st[s].ll_in && st[s].ll_from == s - 1 && !st[s].ll_counted) st[s].wait = 0;
+        if (st[s].ll_in && mk_written_before(st, s, st[s].ll_from) && !st[s].ll_counted) st[s].wait = 0;
     mk_counts_from_waits(st, n);
     return n_bufs;
 }
@@ -1821,6 +1853,7 @@ static const char *mk_role(const MkStage *st, int s, int n) {
     if (t.kind == MK_COMBINE) return "combine";
     if (t.kind != MK_GEMV) return "embed";
     if (t.pair) return "w13";
+    if (t.x_len > t.a.K) return "w2";   // a part of it (mk_split_long_x)
     int last = n - 1;
     while (last > 0 && st[last].kind != MK_GEMV) last--;
     if (s == last) return "cls";
@@ -1874,6 +1907,104 @@ static size_t mk_smem_bytes(const MkParams &p) {
     return (size_t)p.slots * p.slot_bytes + p.scratch_bytes + 4 * ((size_t)p.sums_floats + p.keep_floats) + 16 * (size_t)p.slots;
 }
 
+// The shared memory areas the stages set: x's staging area (or an attention unit's floats), a
+// unit's row sums, a ring slot.
+static void mk_size_areas(const MkStage *st, int n, MkParams *p) {
+    p->scratch_bytes = kMkAttnFloats * 4, p->sums_floats = 0, p->slot_bytes = kMkTileBytes;
+    for (int s = 0; s < n; s++) {
+        const MkStage &t = st[s];
+        if (t.kind != MK_GEMV) continue;
+        const int x_bytes = mk_x_bytes(t.a.stride, t.a.group_shift + 4), sums = kMkConsumerWarps * (t.pair ? 2 : 1) * t.a.tma_rows;
+        const int slot_bytes = mk_record_bytes(t.a.gs);
+        p->scratch_bytes = x_bytes > p->scratch_bytes ? x_bytes : p->scratch_bytes;
+        p->sums_floats = sums > p->sums_floats ? sums : p->sums_floats;
+        p->slot_bytes = slot_bytes > p->slot_bytes ? slot_bytes : p->slot_bytes;
+    }
+    p->scratch_bytes = round_up(p->scratch_bytes, 128);
+    p->slot_bytes = round_up(p->slot_bytes, 128);
+}
+
+// The SM's shared memory carveout below its largest (sm_90: 196 KB, then 228 KB): a block past it
+// leaves the SM 28 KB of L1, and the step runs slower (bench/NOTES.md 103).
+constexpr int kMkCarveoutStep = 196 * 1024;
+
+// Whether linear stage t is one of the first parts of a split x (they add to the block's kept rows
+// only: mk_split_long_x).
+static bool mk_adds_kept_only(const MkStage &t) { return t.kind == MK_GEMV && t.x_off + t.a.K < t.x_len; }
+
+// The parts of stage t's columns whose x staging areas are each at most room bytes, and the
+// columns a part (whole tiles and groups): 1 where t's x fits whole; 2 .. MK_X_PARTS; 0 where none
+// do, or t is not a residual add without a norm (w2).
+static int mk_x_parts(const MkStage &t, int room, int *cols) {
+    if (t.kind != MK_GEMV || round_up(mk_x_bytes(t.a.stride, t.a.group_shift + 4), 128) <= room) return 1;
+    if (t.pair || t.norm || t.a.n_out != 1 || !t.a.accumulate || t.a.rope.inputs) return 0;
+    const int unit = t.a.gs > kMkCols ? t.a.gs : kMkCols, units = ceil_div_i(t.a.stride, unit);
+    for (int k = 2; k <= MK_X_PARTS && k <= units; k++) {
+        *cols = ceil_div_i(units, k) * unit;
+        if (round_up(mk_x_bytes(*cols, t.a.group_shift + 4), 128) <= room && (k - 1) * *cols < t.a.K) return k;
+    }
+    return 0;
+}
+
+// Where a linear stage's x takes the block, with the deepest ring, past the carveout step, each
+// residual add's x that does (w2's) is split into the fewest parts of its columns that bring the
+// block within it: each part a linear stage of its own over the same rows, the first ones adding
+// to the block's kept rows only (their output: a row no one reads, mk_part_rows), the last storing
+// the sum. The consumers' code stays as it is: x staged in parts within one stage grew the
+// kernels' code and was slower (bench/NOTES.md 103). Needs the kept rows (mk_keep_residual);
+// else, or where any x too long cannot be split, the stages as they are. Returns the stages (st,
+// or a new array in its place: *n, p's areas and *parts, the most a stage was split into, set).
+static MkStage *mk_split_long_x(MkStage *st, int *n, MkParams *p, int blocks, int *parts) {
+    MkParams deep = *p;
+    deep.slots = kMkMaxSlots;
+    const int room = kMkCarveoutStep / kMkBlocksPerSm - 1024 - (int)(mk_smem_bytes(deep) - p->scratch_bytes);
+    if (MK_X_PARTS < 2 || !p->keep_floats || p->scratch_bytes <= room || round_up(kMkAttnFloats * 4, 128) > room) return st;
+    int total = 0, cols = 0;
+    for (int s = 0; s < *n; s++) {
+        const int k = mk_x_parts(st[s], room, &cols);
+        if (!k) return st;
+        total += k;
+    }
+    MkStage *out = (MkStage *)calloc((size_t)total, sizeof(MkStage));
+    int m = 0;
+    for (int s = 0; s < *n; s++) {
+        const int k = mk_x_parts(st[s], room, &cols);
+        for (int i = 0; i < k; i++) {
+            MkStage t = st[s];
+            if (k > 1) {
+                const int off = i * cols, end = i + 1 < k ? off + cols : st[s].a.stride;
+                t.x_off = off, t.a.x += off, t.a.out[0].q += off, t.a.out[0].s += off / t.a.gs;
+                t.a.stride = end - off, t.a.K = (end < st[s].a.K ? end : st[s].a.K) - off, t.a.groups = ceil_div_i(t.a.K, t.a.gs);
+                *parts = k > *parts ? k : *parts;
+            }
+            t.keep = 0;
+            out[m++] = t;
+        }
+    }
+    mk_keep_residual(out, m, blocks);
+    bool kept = true;
+    for (int s = 0; s < m; s++) kept = kept && (!mk_adds_kept_only(out[s]) || out[s].keep == 2);
+    if (!kept) return free(out), *parts = 1, st;
+    free(st);
+    *n = m;
+    mk_size_areas(out, m, p);
+    return out;
+}
+
+// The first parts' output (mk_split_long_x): a row of the largest's length, written and never
+// read; their stages' y set to it. NULL where there are none.
+static float *mk_part_rows(MkStage *st, int n) {
+    int rows = 0;
+    for (int s = 0; s < n; s++)
+        if (mk_adds_kept_only(st[s]) && st[s].a.out[0].N > rows) rows = st[s].a.out[0].N;
+    if (!rows) return NULL;
+    float *part_rows = NULL;
+    CUDA_CHECK(cudaMalloc(&part_rows, (size_t)rows * sizeof(float)));
+    for (int s = 0; s < n; s++)
+        if (mk_adds_kept_only(st[s])) st[s].a.out[0].y = part_rows;
+    return part_rows;
+}
+
 extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
     if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
     if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
@@ -1890,18 +2021,12 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     optin = optin < sm_smem / kMkBlocksPerSm - 1024 ? optin : sm_smem / kMkBlocksPerSm - 1024;   // 1 KB an SM's blocks each keep
     MkStage *host = (MkStage *)calloc(2 * (size_t)n, sizeof(MkStage));
     MkParams p = {};
-    p.scratch_bytes = kMkAttnFloats * 4;
     int count = 0;
     for (int s = 0; s < n; s++) {
         const MegaStage *m = &stages[s];
         MkStage *st = &host[count++];
         if (m->kind == MEGA_LINEAR) {
             if (!mk_linear_stage(g, &m->linear, blocks, st, why)) return free(host), (GpuMega *)NULL;
-            const int x_bytes = mk_x_bytes(st->a.stride, st->a.group_shift + 4), sums = kMkConsumerWarps * (st->pair ? 2 : 1) * st->a.tma_rows;
-            p.scratch_bytes = x_bytes > p.scratch_bytes ? x_bytes : p.scratch_bytes;
-            p.sums_floats = sums > p.sums_floats ? sums : p.sums_floats;
-            const int slot_bytes = mk_record_bytes(st->a.gs);
-            p.slot_bytes = slot_bytes > p.slot_bytes ? slot_bytes : p.slot_bytes;
         } else if (m->kind == MEGA_EMBED) {
             const Mat *e = m->embedding;
             st->kind = MK_EMBED, st->units = ceil_div_i(e->cols, 2 * kMkConsumers);
@@ -1917,8 +2042,9 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
         }
     }
     p.keep_floats = mk_keep_residual(host, count, blocks);
-    p.scratch_bytes = round_up(p.scratch_bytes, 128);
-    p.slot_bytes = round_up(p.slot_bytes > kMkTileBytes ? p.slot_bytes : kMkTileBytes, 128);
+    mk_size_areas(host, count, &p);
+    int x_parts = 1;
+    host = mk_split_long_x(host, &count, &p, blocks, &x_parts);
     p.n_stages = count, p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.head_size = at.head_size;
     p.inputs = g->inputs;
     for (p.slots = kMkMaxSlots; p.slots >= kMkMinSlots && mk_smem_bytes(p) + 1024 > (size_t)optin; p.slots -= kMkPipes) {}
@@ -1933,6 +2059,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     mg->kernel = at.kv_half ? mega_kernel<__half, MkAnyShape> : mega_kernel<float, MkAnyShape>;
     if (!mk_kernel_fits(mg->kernel, mg->smem, why)) return free(host), free(mg), (GpuMega *)NULL;
     if (!mk_pack(g, host, count, &mg->pack, &mg->pack_bytes, why)) return free(host), free(mg), (GpuMega *)NULL;
+    mg->x_parts = x_parts, mg->part_rows = mk_part_rows(host, count);
     mg->n_flag_bufs = mk_flags(host, count, mg->flag_bufs, blocks);
     char not_shaped[ERR_LEN];   // (a kernel that fits for the shape or not: the generic one runs the step either way)
     if (mk_takes_shape128(host, count, at) && mk_kernel_fits(mega_kernel<__half, MkShape128>, mg->smem, not_shaped))
@@ -2078,9 +2205,11 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 }
 
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory, a %.2f GB copy in tile order%s%s", m->blocks,
-             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, m->pack_bytes / 1e9, m->shape ? ", compiled for " : "",
-             m->shape ? m->shape : "");
+    char parts[64] = "";
+    if (m->x_parts > 1) snprintf(parts, sizeof parts, ", the longest x in %d stages of its columns", m->x_parts);
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory%s, a %.2f GB copy in tile order%s%s", m->blocks,
+             m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, parts, m->pack_bytes / 1e9,
+             m->shape ? ", compiled for " : "", m->shape ? m->shape : "");
 }
 
 extern "C" void gpu_mega_free(GpuMega *m) {
@@ -2090,6 +2219,7 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
+    if (m->part_rows) CUDA_CHECK(cudaFree(m->part_rows));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));
     if (m->p.warp_trace) CUDA_CHECK(cudaFree(m->p.warp_trace));
     free(m->kinds);

@@ -1985,8 +1985,9 @@ static const GpuRun gpu_runs[] = {
 };
 
 // The megakernel compiled for a shape that the model of compare_executors must take with an FP16
-// cache (its description's words), or NULL.
-static const char *mega_shape_expected;
+// cache (its description's words), or NULL; and words that every megakernel run's description
+// must hold, or NULL.
+static const char *mega_shape_expected, *mega_words_expected;
 
 // Whether the megakernel can run an INT8 model: group sizes 16 x 2^n, rows of 16-byte multiples.
 static int mega_expected(const Model *m) {
@@ -2045,6 +2046,10 @@ static void compare_executors(const char *label, const char *file, int T, int fi
         if (run->opt.megakernel && run->opt.kv_half && mega_shape_expected) {
             snprintf(name, sizeof name, "%s: %s (%s) runs the megakernel compiled for %s", label, path_of(&g), run->how, mega_shape_expected);
             check(strstr(g.desc, mega_shape_expected) != NULL, name, "it runs: %s", g.desc);
+        }
+        if (run->opt.megakernel && mega_words_expected) {
+            snprintf(name, sizeof name, "%s: %s (%s) runs the megakernel with %s", label, path_of(&g), run->how, mega_words_expected);
+            check(strstr(g.desc, mega_words_expected) != NULL, name, "it runs: %s", g.desc);
         }
         float *got = logits[r] = exec_logits(&g, tokens, T, first);
         double e = rel_l2_f(got, ref, (size_t)T * m.cfg.vocab_size);
@@ -2155,8 +2160,8 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
-    // a vocabulary of 70,001: the megakernel's classifier in units of at most 512 rows, two a
-    // block (over 132 blocks)
+    // a vocabulary of 70,001: the megakernel's classifier in units of at most 256 rows, up to three
+    // a block (over 132 blocks)
     Config vocab = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 70001, 80);
     char *vocab32 = tpath("v32.bin"), *vocab8 = tpath("v8.bin");
     random_model_files(vocab, 0, 32, 0, vocab32, vocab8, NULL);
@@ -2168,7 +2173,15 @@ static void test_gpu_random_models(void) {
     random_model_files(shaped, 0, 128, 0, fp32, q8, NULL);
     mega_shape_expected = "heads of 128, groups of 128";
     compare_executors("random model, heads of 128, dim 2304, int8 gs128", q8, 70, 7, 0);
-    mega_shape_expected = NULL;
+    // the same with a hidden size of 10,000: w2's x (19.5 tiles) too long for the shared memory
+    // under the SM's second-largest carveout, so w2 split into 2 stages of 10 and 9.5 tiles of its
+    // columns, the first adding to the kept rows only; two layers, so that the next layer's
+    // stages take the sum (166M weights)
+    Config long_x = LLAMA2C_CONFIG(2304, 10000, 2, 18, 6, 97, 80);
+    random_model_files(long_x, 0, 128, 0, fp32, q8, NULL);
+    mega_words_expected = "the longest x in 2 stages of its columns";
+    compare_executors("random model, w2 in 2 stages of its columns, dim 2304, hidden 10000, int8 gs128", q8, 70, 7, 0);
+    mega_shape_expected = mega_words_expected = NULL;
 }
 
 // Random models with Hugging Face models' features (hf_shapes, as Q8LM v2 files) on every GPU
