@@ -2181,6 +2181,12 @@ static void test_gpu_random_models(void) {
     random_model_files(long_x, 0, 128, 0, fp32, q8, NULL);
     mega_words_expected = "the longest x in 2 stages of its columns";
     compare_executors("random model, w2 in 2 stages of its columns, dim 2304, hidden 10000, int8 gs128", q8, 70, 7, 0);
+    // and with groups of 64 and an odd hidden size (the any-shape kernel; the second part's x ends
+    // inside a flagged word and inside a short group)
+    Config odd_x = LLAMA2C_CONFIG(2304, 9999, 1, 18, 6, 97, 80);
+    random_model_files(odd_x, 0, 64, 0, fp32, q8, NULL);
+    mega_shape_expected = NULL;
+    compare_executors("random model, w2 in 2 stages of its columns, dim 2304, hidden 9999, int8 gs64", q8, 70, 7, 0);
     mega_shape_expected = mega_words_expected = NULL;
 }
 
