@@ -53,17 +53,16 @@
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
 // MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
 // MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD, MK_X_PARTS, MK_UNIT_ROWS; for measurement only,
-// MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the
-// time the tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's
-// cycles in the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed,
-// nothing computed),
-// MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one before),
-// MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and MK_FREE (the
-// hand-overs into the stages that the environment variable MK_FREE names not waited for, nor
-// counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on that many
-// blocks at most, the other SMs idle), MK_L2_ROLES (the stages that ask L2 for their tiles past
-// the ring: mk_ask_l2) and MK_PAD_SMEM (bytes of shared memory a block asks for beyond its own:
-// the SM's carveout, and so its L1, for a ring and x unchanged).
+// MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the time
+// the tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
+// the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing
+// computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one
+// before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and
+// MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not waited
+// for, nor counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on
+// that many blocks at most, the other SMs idle), MK_L2_ROLES (the stages that ask L2 for their
+// tiles past the ring: mk_ask_l2) and MK_PAD_SMEM (bytes of shared memory a block asks for beyond
+// its own: the SM's carveout, and so its L1, for a ring and x unchanged).
 // Ring slots at most (MK_SLOTS, default 20: five a pipe): as many as fit beside the largest x
 // (gpu_mega_create takes a pipe's off until they fit). Slack for the stream while a block's
 // consumers are between matrices; small slots give more of it in the same shared memory
@@ -1959,16 +1958,11 @@ static MkStage *mk_split_long_x(MkStage *st, int *n, MkParams *p, int blocks, in
     deep.slots = kMkMaxSlots;
     const int room = kMkCarveoutStep / kMkBlocksPerSm - 1024 - (int)(mk_smem_bytes(deep) - p->scratch_bytes);
     if (MK_X_PARTS < 2 || !p->keep_floats || p->scratch_bytes <= room || round_up(kMkAttnFloats * 4, 128) > room) return st;
-    int total = 0, cols = 0;
+    MkStage *out = (MkStage *)calloc((size_t)*n * MK_X_PARTS, sizeof(MkStage));
+    int m = 0, cols = 0;
     for (int s = 0; s < *n; s++) {
         const int k = mk_x_parts(st[s], room, &cols);
-        if (!k) return st;
-        total += k;
-    }
-    MkStage *out = (MkStage *)calloc((size_t)total, sizeof(MkStage));
-    int m = 0;
-    for (int s = 0; s < *n; s++) {
-        const int k = mk_x_parts(st[s], room, &cols);
+        if (!k) return free(out), *parts = 1, st;
         for (int i = 0; i < k; i++) {
             MkStage t = st[s];
             if (k > 1) {
