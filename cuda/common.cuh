@@ -31,6 +31,9 @@ struct GpuCtx {
     int *argmax;             // (kMaxArgmaxRows) device results of gpu_argmax (the first) and gpu_argmax_rows
     int *argmax_rows_host;   // (kMaxArgmaxRows) pinned: gpu_argmax_rows's results
     int *argmax_host;        // (2) pinned: results fetched asynchronously, one slot each
+    unsigned long long *step_tokens;   // (2) pinned and mapped: the greedy token of the step at position p,
+                                       // (p + 1) << 32 | token, in slot p % 2 (gpu_step_token_wait)
+    unsigned long long *step_tokens_dev;   // the same memory, as the device addresses it
     cudaEvent_t argmax_fetched[2];
     int *inputs_host;        // pinned staging for inputs; reused once inputs_copied has passed
     cudaEvent_t inputs_copied;

@@ -29,6 +29,8 @@
 // attention and the combine of its splits) is spread over the blocks as units of its own stage
 // (the combine: by the last split's block, mk_combine_if_last); RMSNorm, RoPE, the KV store,
 // biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
+// The greedy argmax is the step's last work (mk_unit_best, mk_step_argmax): no kernel runs between
+// two steps, and the token reaches the host without a copy in the stream.
 //
 // Arithmetic: a stage stages its x once as three int8 digits an element in the weights' groups
 // (MkX: x to within about 1e-7 of its group's largest element), so that a tile's products are
@@ -53,8 +55,10 @@
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
 // MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
 // MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD, MK_X_PARTS, MK_UNIT_ROWS; for measurement only,
-// MK_TRACE (per-stage timestamps, printed after the 101st launch of an ungraphed run, with the time
-// the tile loops waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
+// MK_STEP_CLOCK (%globaltimer at each step's kernel entry, after its consumers' PDL wait and when
+// its last block is out: the gap between steps, printed at the end), MK_TRACE (per-stage
+// timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
+// waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
 // the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing
 // computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one
 // before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and
@@ -223,13 +227,21 @@ struct MkStage {
     int x_off, x_len, src_stride, src_groups;
 };
 
+// A classifier unit's first largest logit and its index (mk_unit_best).
+struct MkBest {
+    float v;
+    int i;
+};
 struct MkParams {
     const MkStage *stages;
     int n_stages;
     unsigned *counters;    // (n_stages + 2 + n_heads): units done per stage, then blocks finished (zero between
                            // steps), then the step's epoch (mk_tag), then each head's splits counted
                            // (mk_combine_if_last; zero between steps)
-    const int *inputs;     // the step's position, then its token
+    int *inputs;           // the step's position, then its token (the next step's, fed by the argmax)
+    MkBest *best;          // (the classifier's units) each unit's largest logit, or NULL: no argmax
+    int *argmax;           // the step's greedy token (as gpu_argmax's), with best
+    unsigned long long *step_tokens;   // (2) mapped host memory: that token, (pos + 1) << 32 | token, in slot pos % 2
     float *part;           // (n_heads, kMaxSplits, 2 + head_size): the attention's partial results
     int n_heads, n_kv_heads, head_size;
     int slots;             // ring slots: a tile of weights (kMkTileBytes), then its group scales
@@ -1120,6 +1132,53 @@ __device__ void mk_unit_tiles_gs(int group_steps, const MkParams &p, const MkLoo
     }
 }
 
+// The block's consumers' first largest into thread 0's (best, best_i); red: 2 kMkConsumerWarps words.
+__device__ void mk_block_best(float &best, int &best_i, float *red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int *red_i = reinterpret_cast<int *>(red) + kMkConsumerWarps;
+    warp_keep_max(best, best_i);
+    if (lane == 0) red[warp] = best, red_i[warp] = best_i;
+    consumer_sync();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < kMkConsumerWarps; w++) keep_max(best, best_i, red[w], red_i[w]);
+}
+
+// The greedy argmax inside the step (where p.best is set): each classifier unit's first largest
+// logit (mk_unit_best), then the last block out takes the first largest of those (mk_step_argmax)
+// and does what argmax_kernel does with feed: the token into p.argmax and as the next step's
+// input, at the next position. The same comparisons, so the same token: each thread scans its
+// rows in index order keeping the strictly larger, then keep_max meets them (NaN never larger,
+// 0 where nothing is larger than -inf). The token also goes to mapped host memory, so that the
+// host waits for it without a copy in the stream (gpu_step_token_wait).
+__device__ void mk_unit_best(const MkParams &p, const MkStage &st, const TmaBlock &b, int u, float *red) {
+    const float *y = st.a.out[b.j].y + b.lrow0;
+    float best = -INFINITY;
+    int best_i = INT_MAX;
+    for (int l = 2 * threadIdx.x; l < b.lrows; l += 2 * kMkConsumers)   // finish_block_rows's rows: this thread's own stores
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (l + r < b.lrows && y[l + r] > best) best = y[l + r], best_i = b.lrow0 + l + r;
+    mk_block_best(best, best_i, red);
+    if (threadIdx.x == 0) p.best[u] = {best, best_i};
+}
+// The step's token from the classifier units' bests, by the last block out (every other block has
+// read the step's inputs by now).
+__device__ void mk_step_argmax(const MkParams &p, int pos, float *red) {
+    const MkStage &cls = p.stages[p.n_stages - 1];
+    float best = -INFINITY;
+    int best_i = INT_MAX;
+    for (int u = threadIdx.x; u < cls.units; u += kMkConsumers) {
+        const MkBest c = {__ldcg(&p.best[u].v), __ldcg(&p.best[u].i)};
+        keep_max(best, best_i, c.v, c.i);
+    }
+    mk_block_best(best, best_i, red);
+    if (threadIdx.x != 0) return;
+    const int token = best_i < cls.a.out[0].N ? best_i : 0;
+    *p.argmax = token;
+    p.inputs[0] = pos + 1, p.inputs[1] = token;
+    step_token_to_host(p.step_tokens, pos, token);
+}
+
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 template <typename Shape>
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
@@ -1161,6 +1220,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
 #else
         (void)pair;
 #endif
+        if (p.best && stage == p.n_stages - 1) mk_unit_best(p, st, b, u, red);
         consumer_sync();   // sums free for the next unit
         mk_stamp(p, stage, 7);
     }
@@ -1479,6 +1539,24 @@ __device__ void mk_wait(const MkParams &p, int stage, int units) {
     consumer_sync();
 }
 
+// -DMK_STEP_CLOCK (a build for measurement only): %globaltimer at a step's kernel entry (k = 0, block
+// 0), after its consumers' PDL wait (1, block 0) and when its last block is out (2), for the last
+// kMkClockSteps steps by epoch; gpu_mega_free prints the steps' period, span and gap between.
+constexpr int kMkClockSteps = 4096;
+#ifdef MK_STEP_CLOCK
+__device__ unsigned long long mk_clock_log[3][kMkClockSteps];
+#endif
+__device__ __forceinline__ void mk_step_clock(const MkParams &p, int k) {
+#ifdef MK_STEP_CLOCK
+    if (threadIdx.x != 0 || (k < 2 && blockIdx.x != 0)) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    mk_clock_log[k][__ldcg(p.counters + p.n_stages + 1) % kMkClockSteps] = t;
+#else
+    (void)p, (void)k;
+#endif
+}
+
 // Adds n to a stage's count, after (release) every write this thread has seen: the consumers'
 // writes of the stage, through the barrier before it.
 __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
@@ -1488,6 +1566,7 @@ __device__ __forceinline__ void mk_count(unsigned *counter, unsigned n) {
 template <typename KV, typename Shape>
 __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full, uint32_t empty, float *red) {
     pdl_wait();   // the step's inputs and the caches: after the kernels before have finished
+    mk_step_clock(p, 1);
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
@@ -1522,14 +1601,21 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
         }
         if (units > 0) before = s, before_units = units;
     }
+    __shared__ int last_out;
+    if (threadIdx.x == 0) {
+        __threadfence();   // this block's writes (p.best among them) before its count
+        last_out = atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1;
+    }
+    consumer_sync();
+    if (!last_out) return;
+    mk_step_clock(p, 2);
+    __threadfence();   // every block's writes, seen through its count, before the loads below
+    if (p.best) mk_step_argmax(p, pos, red);
     if (threadIdx.x == 0) {   // the last block out resets the counters for the next step
+        for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
+        for (int h = 0; h < p.n_heads; h++) p.counters[p.n_stages + 2 + h] = 0;
+        p.counters[p.n_stages + 1]++;   // the next step's epoch
         __threadfence();
-        if (atomicAdd(p.counters + p.n_stages, 1u) == gridDim.x - 1) {
-            for (int s = 0; s <= p.n_stages; s++) p.counters[s] = 0;
-            for (int h = 0; h < p.n_heads; h++) p.counters[p.n_stages + 2 + h] = 0;
-            p.counters[p.n_stages + 1]++;   // the next step's epoch
-            __threadfence();
-        }
     }
 }
 
@@ -1561,6 +1647,7 @@ template <typename KV, typename Shape>
 __global__ void __launch_bounds__(kMkThreads, kMkBlocksPerSm) mega_kernel(const MkParams p) {
     extern __shared__ __align__(128) unsigned char mk_smem[];
     __shared__ float red[32];
+    mk_step_clock(p, 0);
     const uint32_t ring = (uint32_t)__cvta_generic_to_shared(mk_smem);
     const uint32_t full = ring + p.slots * p.slot_bytes + p.scratch_bytes + 4 * (p.sums_floats + p.keep_floats), empty = full + 8 * p.slots;
     if (threadIdx.x == 0) {   // full: the producer's arrival with the tile's bytes
@@ -2073,6 +2160,12 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
 #endif
 #endif
     p.stages = mg->stages;
+    const MkStage *cls = &host[count - 1];   // the classifier, where the step's argmax can be taken
+    if (cls->kind == MK_GEMV && cls->a.n_out == 1 && !cls->pair) {
+        CUDA_CHECK(cudaMalloc(&p.best, cls->units * sizeof(MkBest)));
+        p.argmax = g->argmax;
+        p.step_tokens = g->step_tokens_dev;
+    }
     mg->p = p;
     mg->kinds = (int *)calloc(count, sizeof(int));
     for (int s = 0; s < count; s++) mg->kinds[s] = host[s].kind;
@@ -2198,6 +2291,9 @@ extern "C" void gpu_mega_launch(GpuCtx *g, const GpuMega *m) {
 #endif
 }
 
+// Whether the step takes its greedy argmax itself, as argmax_kernel with feed would (mk_step_argmax).
+extern "C" int gpu_mega_argmax(const GpuMega *m) { return m->p.best != NULL; }
+
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
     char parts[64] = "";
     if (m->x_parts > 1) snprintf(parts, sizeof parts, ", the longest x in %d stages of its columns", m->x_parts);
@@ -2206,12 +2302,39 @@ extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
              m->shape ? ", compiled for " : "", m->shape ? m->shape : "");
 }
 
+#ifdef MK_STEP_CLOCK
+static int mk_cmp_ull(const void *a, const void *b) {
+    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+// The medians over the steps recorded (those after the first 8), in us.
+static void mk_report_step_clock(void) {
+    static unsigned long long log[3][kMkClockSteps], d[4][kMkClockSteps];
+    CUDA_CHECK(cudaMemcpyFromSymbol(log, mk_clock_log, sizeof log));
+    int n = 0;
+    for (int e = 8; e + 1 < kMkClockSteps; e++) {
+        if (!log[0][e] || !log[0][e + 1] || !log[2][e]) continue;
+        d[0][n] = log[0][e + 1] - log[0][e], d[1][n] = log[2][e] - log[0][e], d[2][n] = log[1][e] - log[0][e];
+        d[3][n] = log[0][e + 1] - log[2][e], n++;
+    }
+    if (!n) return;
+    const char *name[4] = {"period", "entry to last block out", "entry to the consumers' PDL wait done", "last block out to the next entry"};
+    for (int k = 0; k < 4; k++) {
+        qsort(d[k], n, sizeof d[k][0], mk_cmp_ull);
+        fprintf(stderr, "step clock: %s %.2f us (median of %d steps)\n", name[k], d[k][n / 2] / 1000.0, n);
+    }
+}
+#endif
 extern "C" void gpu_mega_free(GpuMega *m) {
     if (!m) return;
+#ifdef MK_STEP_CLOCK
+    mk_report_step_clock();
+#endif
     CUDA_CHECK(cudaFree(m->stages));
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
+    CUDA_CHECK(cudaFree(m->p.best));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->part_rows) CUDA_CHECK(cudaFree(m->part_rows));
     if (m->p.trace) CUDA_CHECK(cudaFree(m->p.trace));

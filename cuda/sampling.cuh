@@ -4,6 +4,13 @@
 //   sample_kernel (gpu_sample_rows): llama2.c's top-p and multinomial draws
 namespace {
 
+// The greedy token of the step at position pos into mapped host memory: one 8-byte store, so that
+// the host sees its position's mark and the token together (gpu_step_token_wait).
+__device__ __forceinline__ void step_token_to_host(unsigned long long *slots, int pos, int token) {
+    const unsigned long long word = (unsigned long long)(unsigned)(pos + 1) << 32 | (unsigned)token;
+    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(slots + (pos & 1)), "l"(word) : "memory");
+}
+
 // (value, index) pairs: keep the larger value, of equal values the lower index (as the CPU's
 // argmax_row, which keeps the first maximum). NaN is never larger; index n stands for none yet.
 __device__ __forceinline__ void keep_max(float &best, int &best_i, float v, int i) {
@@ -18,12 +25,14 @@ __device__ __forceinline__ void warp_keep_max(float &best, int &best_i) {
 // index order (strictly larger replaces, so its first maximum stays), kArgmaxBatch of them loaded
 // before any compare: 32000 logits are then one round trip to memory, where a load per compare
 // took 32. Unaligned rows and the tail past n / 4 * 4:
-// plain loads. Then the warps' bests meet. feed (one row only): the result also becomes the next
-// step's input, token inputs[1] at position inputs[0] + 1, so that greedy decode steps can be
-// queued before the host has read the token.
+// plain loads. Then the warps' bests meet. feed (one row only; else NULL): the result also becomes
+// the next step's input, token inputs[1] at position inputs[0] + 1, so that greedy decode steps can
+// be queued before the host has read the token, and goes to the host's slot of its position in
+// feed, (position + 1) << 32 | token (gpu_step_token_wait), without a copy in the stream.
 constexpr int kArgmaxThreads = 1024, kArgmaxBatch = 8;
 static_assert(kArgmaxThreads == 32 * 32, "argmax_kernel: its warps' bests are one warp's lanes");
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int *inputs, int feed, const float *__restrict__ v, int n) {
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int *inputs, unsigned long long *feed, const float *__restrict__ v,
+                                                                int n) {
     __shared__ float warp_best[32];
     __shared__ int warp_best_i[32];
     pdl_wait_then_release();
@@ -58,7 +67,11 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int
     warp_keep_max(best, best_i);
     if (lane == 0) {
         *result = best_i < n ? best_i : 0;
-        if (feed) inputs[0] += 1, inputs[1] = *result;
+        if (feed) {
+            const int pos = inputs[0];
+            inputs[0] = pos + 1, inputs[1] = *result;
+            step_token_to_host(feed, pos, *result);
+        }
     }
 }
 
@@ -273,7 +286,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(SampleArgs a) {
 }  // namespace
 
 extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed) {
-    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, feed, v, n);
+    launch(g, "argmax_kernel", argmax_kernel, dim3(1), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, feed ? g->step_tokens_dev : NULL, v,
+           n);
 }
 
 extern "C" void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out) {
@@ -281,7 +295,7 @@ extern "C" void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int 
         fprintf(stderr, "run: argmax of %d rows (1 to %d)\n", rows, kMaxArgmaxRows);
         exit(1);
     }
-    launch(g, "argmax_kernel", argmax_kernel, dim3(rows), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, 0, v, n);
+    launch(g, "argmax_kernel", argmax_kernel, dim3(rows), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, (unsigned long long *)NULL, v, n);
     CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     memcpy(out, g->argmax_rows_host, rows * sizeof(int));
@@ -295,6 +309,28 @@ extern "C" void gpu_argmax_fetch(GpuCtx *g, int slot) {
 extern "C" int gpu_argmax_wait(GpuCtx *g, int slot) {
     CUDA_CHECK(cudaEventSynchronize(g->argmax_fetched[slot]));
     return g->argmax_host[slot];
+}
+
+// No step's token in either slot (before a generation's first step is queued: a slot's old word
+// would otherwise pass for a later step at the same position).
+extern "C" void gpu_step_tokens_clear(GpuCtx *g) { g->step_tokens[0] = g->step_tokens[1] = 0; }
+
+// The token of the greedy step at position pos (argmax_kernel with feed, or mk_step_argmax), read
+// from mapped host memory as it lands, without a copy or an event in the stream; the stream is
+// asked now and then whether it failed or ran dry without it.
+extern "C" int gpu_step_token_wait(GpuCtx *g, int pos) {
+    const volatile unsigned long long *slot = g->step_tokens + (pos & 1);
+    for (unsigned spins = 1;; spins++) {
+        const unsigned long long word = *slot;
+        if ((unsigned)(word >> 32) == (unsigned)(pos + 1)) return (int)(unsigned)word;
+        if (spins % 4096) continue;
+        const cudaError_t e = cudaStreamQuery(g->stream);
+        if (e == cudaErrorNotReady) continue;
+        CUDA_CHECK(e);
+        if ((unsigned)(*slot >> 32) == (unsigned)(pos + 1)) continue;   // landed just before the stream drained
+        fprintf(stderr, "run: the decode step at position %d ended without its token\n", pos);
+        exit(1);
+    }
 }
 
 extern "C" int gpu_argmax(GpuCtx *g, const float *v, int n) {

@@ -163,7 +163,11 @@ static void gpu_op_describe_run(const Exec *e, char *buf, size_t n) {
 // (a graph for another size replaces it).
 static void gpu_op_end(Exec *e);
 
-// The decode step as one kernel, then the argmax (gpu_op_end, which also ends a capture).
+// Whether a decode step is the megakernel and takes its own argmax (and feeds the next step).
+static int mega_argmax(const GpuExec *g) { return g->mega && gpu_mega_argmax(g->mega); }
+
+// The decode step as one kernel, then the argmax where the kernel does not take it (gpu_op_end,
+// which also ends a capture).
 static StepStart run_mega(Exec *e) {
     gpu_mega_launch(GPU(e)->ctx, GPU(e)->mega);
     gpu_op_end(e);
@@ -199,7 +203,7 @@ static void gpu_op_end(Exec *e) {
     GpuExec *g = GPU(e);
     if (g->record) return;
     if (g->decode_step) {
-        gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
+        if (!mega_argmax(g)) gpu_argmax_launch(g->ctx, e->s.logits, e->cfg.vocab_size, 1);
         g->argmax_ready = 1;
     }
     if (!g->capture_into) return;
@@ -255,15 +259,18 @@ static int gpu_op_sample_rows(Exec *e, const float *logits, int rows, float temp
     return 0;
 }
 
-// Greedy decode with the step replayed as a graph whose argmax feeds the next step's input on the
-// device: step p + 1 is queued before step p's token is read, so the GPU never waits for the host
-// (printing, the next launch). A step queued past a BOS is computed and discarded.
+// Greedy decode with the step replayed as a graph whose argmax (its last kernel, or the megakernel's
+// own) feeds the next step's input on the device and writes the token to host memory: step p + 1
+// is queued before step p's token is read, so the GPU never waits for the host (printing, the
+// next launch), and the stream holds nothing but the steps. A step queued past a BOS is computed
+// and discarded.
 static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps, int (*on_token)(void *ctx, int token),
                                 void *ctx) {
     GpuExec *g = GPU(e);
     if (!g->opt.use_graph) return NOT_PIPELINED;
     int next = gpu_op_argmax(e, logits), generated = 0;
-    for (int slot = 0;; slot ^= 1) {
+    gpu_step_tokens_clear(g->ctx);   // (the stream is idle: gpu_op_argmax waited)
+    for (;;) {
         pos++, generated++;
         if (next == BOS) break;
         if (on_token(ctx, next)) {
@@ -271,15 +278,11 @@ static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps
             break;
         }
         if (pos >= steps) break;
-        if (generated == 1) {   // the first step takes its inputs from the host (and captures the graph)
-            forward(e, &next, 1, pos, 0);
-            gpu_argmax_fetch(g->ctx, slot);
-        }
-        if (pos + 1 < steps) {   // the step after, on the token the device feeds it
-            gpu_graph_launch(g->ctx, g->graph);
-            gpu_argmax_fetch(g->ctx, slot ^ 1);
-        }
-        next = gpu_argmax_wait(g->ctx, slot);
+        // the first step takes its inputs from the host (and captures the graph); the step after
+        // it, the token the device feeds it; then this step's token, as it lands in host memory
+        if (generated == 1) forward(e, &next, 1, pos, 0);
+        if (pos + 1 < steps) gpu_graph_launch(g->ctx, g->graph);
+        next = gpu_step_token_wait(g->ctx, pos);
     }
     g->argmax_ready = 0;
     gpu_sync(g->ctx);

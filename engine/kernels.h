@@ -125,11 +125,16 @@ int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index
 // out[r] = gpu_argmax of row r of v (rows x n, rows 1..64), waited for.
 void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out);
 // The same in parts: the kernel (may be captured in a graph; feed: the result also becomes the
-// next step's input, token at position + 1), an asynchronous copy of its result into one of two
-// host slots, and the wait for that slot.
+// next step's input, token at position + 1, and goes to host memory for gpu_step_token_wait), an
+// asynchronous copy of its result into one of two host slots, and the wait for that slot.
 void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed);
 void gpu_argmax_fetch(GpuCtx *g, int slot);
 int gpu_argmax_wait(GpuCtx *g, int slot);
+// A fed step's token (argmax_kernel's, or a megakernel's that takes the argmax itself:
+// gpu_mega_argmax) as it lands in host memory: the wait for the step at position pos, and the
+// slots cleared before a generation's first step.
+void gpu_step_tokens_clear(GpuCtx *g);
+int gpu_step_token_wait(GpuCtx *g, int pos);
 // llama2.c's sampling of rows of logits (rows x n, rows 1..64) on the device: softmax of logits /
 // temperature (> 0), then top-p where 0 < topp < 1, else multinomial over the whole row; coins[r]
 // is row r's uniform draw in [0, 1) from its sampler. out[r]: the token, waited for. Supported for
@@ -160,6 +165,7 @@ typedef struct GpuMega GpuMega;
 GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why);
 void gpu_mega_launch(GpuCtx *g, const GpuMega *m);
 void gpu_mega_describe(const GpuMega *m, char *buf, size_t n);
+int gpu_mega_argmax(const GpuMega *m);   // the step's greedy argmax taken in the kernel (no argmax_kernel)
 void gpu_mega_free(GpuMega *m);
 
 #ifdef __cplusplus
