@@ -1871,10 +1871,20 @@ static void test_gpu_linear(void) {
 
 // A random model written as llama2.c v1 FP32, its Q8LM quantization (gs), and optionally the
 // llama2.c v2 INT8 form (row-aligned groups of v2_gs): real files, so the GPU executor uploads them.
+// random_model_files: where > 0, the classifier's rows repeat with this period (and row 1, BOS's,
+// is zeros), so that a step's largest logit is tied in every stretch of rows.
+static int tied_classifier_period;
+
 static void random_model_files(Config c, int shared, int gs, int v2_gs, char *fp32, char *q8, char *v2) {
     Model m;
     random_model(&m, c, 0, 0, shared);
     for (size_t i = 0; i < (size_t)c.vocab_size * c.dim; i++) ((float *)m.w.tok_embedding.f)[i] *= 0.3f;
+    const Mat *cls = &m.w.wcls;
+    for (int r = 1; tied_classifier_period > 0 && !shared && r < c.vocab_size; r++) {
+        float *row = (float *)cls->f + (size_t)r * cls->stride;
+        if (r == 1) memset(row, 0, c.dim * sizeof(float));
+        else if (r >= tied_classifier_period) memcpy(row, cls->f + (size_t)(r % tied_classifier_period) * cls->stride, c.dim * sizeof(float));
+    }
     write_v1(fp32, &m);
     if (v2) write_v2(v2, &m, v2_gs);
     sh("./quantize %s %s -g %d >/dev/null", fp32, q8, gs);
@@ -2166,6 +2176,13 @@ static void test_gpu_random_models(void) {
     char *vocab32 = tpath("v32.bin"), *vocab8 = tpath("v8.bin");
     random_model_files(vocab, 0, 32, 0, vocab32, vocab8, NULL);
     compare_executors("random model, vocabulary 70001, int8 gs32", vocab8, 70, 7, 0);
+    // the same with the classifier's rows repeating every 7: the largest logit tied in every unit,
+    // so each greedy token must be the first of the tied (the megakernel meets its units' bests as
+    // argmax_kernel meets its threads')
+    tied_classifier_period = 7;
+    random_model_files(vocab, 0, 32, 0, vocab32, vocab8, NULL);
+    tied_classifier_period = 0;
+    compare_executors("random model, vocabulary 70001, classifier rows tied every 7, int8 gs32", vocab8, 70, 7, 20);
     // heads of 128, groups of 128, x of 2,049-4,096 elements a stage: with an FP16 cache, the
     // megakernel compiled for that shape (MkShape128), grouped-query ratio 3
     Config shaped = LLAMA2C_CONFIG(2304, 2560, 2, 18, 6, 97, 80);
