@@ -29,12 +29,10 @@ struct GpuCtx {
     size_t scratch_floats;
     int *inputs;             // (1 + kMaxTokens): the step's position, then its token ids
     int *argmax;             // (kMaxArgmaxRows) device results of gpu_argmax (the first) and gpu_argmax_rows
-    int *argmax_rows_host;   // (kMaxArgmaxRows) pinned: gpu_argmax_rows's results
-    int *argmax_host;        // (2) pinned: results fetched asynchronously, one slot each
+    int *argmax_rows_host;   // (kMaxArgmaxRows) pinned: the argmax's results as the host reads them
     unsigned long long *step_tokens;   // (2) pinned and mapped: the greedy token of the step at position p,
                                        // (p + 1) << 32 | token, in slot p % 2 (gpu_step_token_wait)
     unsigned long long *step_tokens_dev;   // the same memory, as the device addresses it
-    cudaEvent_t argmax_fetched[2];
     int *inputs_host;        // pinned staging for inputs; reused once inputs_copied has passed
     cudaEvent_t inputs_copied;
     __half *x_half;          // (half_floats) activations converted to FP16 (tensor cores, --fp16)

@@ -62,12 +62,10 @@ extern "C" GpuCtx *gpu_create(size_t scratch_floats, size_t half_floats) {
     if (scratch_floats) CUDA_CHECK(cudaMalloc(&g->scratch, scratch_floats * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&g->inputs, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaMalloc(&g->argmax, kMaxArgmaxRows * sizeof(int)));
-    CUDA_CHECK(cudaMallocHost(&g->argmax_host, 2 * sizeof(int)));
     CUDA_CHECK(cudaHostAlloc(&g->step_tokens, 2 * sizeof(unsigned long long), cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer((void **)&g->step_tokens_dev, g->step_tokens, 0));
     gpu_step_tokens_clear(g);
     CUDA_CHECK(cudaMallocHost(&g->argmax_rows_host, kMaxArgmaxRows * sizeof(int)));
-    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g->argmax_fetched[i], cudaEventDisableTiming));
     CUDA_CHECK(cudaMallocHost(&g->inputs_host, (1 + kMaxTokens) * sizeof(int)));
     CUDA_CHECK(cudaEventCreateWithFlags(&g->inputs_copied, cudaEventDisableTiming));
     g->half_floats = half_floats;
@@ -95,10 +93,8 @@ extern "C" void gpu_destroy(GpuCtx *g) {
     CUDA_CHECK(cudaFree(g->inputs));
     CUDA_CHECK(cudaFree(g->blas_workspace));
     CUDA_CHECK(cudaFree(g->argmax));
-    CUDA_CHECK(cudaFreeHost(g->argmax_host));
     CUDA_CHECK(cudaFreeHost(g->step_tokens));
     CUDA_CHECK(cudaFreeHost(g->argmax_rows_host));
-    for (int i = 0; i < 2; i++) CUDA_CHECK(cudaEventDestroy(g->argmax_fetched[i]));
     CUDA_CHECK(cudaFreeHost(g->inputs_host));
     CUDA_CHECK(cudaEventDestroy(g->inputs_copied));
     CUDA_CHECK(cudaFree(g->x_half));

@@ -1175,8 +1175,7 @@ __device__ void mk_step_argmax(const MkParams &p, int pos, float *red) {
     if (threadIdx.x != 0) return;
     const int token = best_i < cls.a.out[0].N ? best_i : 0;
     *p.argmax = token;
-    p.inputs[0] = pos + 1, p.inputs[1] = token;
-    step_token_to_host(p.step_tokens, pos, token);
+    feed_step_token(p.inputs, p.step_tokens, pos, token);
 }
 
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.

@@ -4,11 +4,13 @@
 //   sample_kernel (gpu_sample_rows): llama2.c's top-p and multinomial draws
 namespace {
 
-// The greedy token of the step at position pos into mapped host memory: one 8-byte store, so that
-// the host sees its position's mark and the token together (gpu_step_token_wait).
-__device__ __forceinline__ void step_token_to_host(unsigned long long *slots, int pos, int token) {
+// The greedy token of the step at position pos fed on: the next step's input (token inputs[1] at
+// position inputs[0]), and into mapped host memory as one 8-byte store, so that the host sees its
+// position's mark and the token together (gpu_step_token_wait).
+__device__ __forceinline__ void feed_step_token(int *inputs, unsigned long long *host_slots, int pos, int token) {
+    inputs[0] = pos + 1, inputs[1] = token;
     const unsigned long long word = (unsigned long long)(unsigned)(pos + 1) << 32 | (unsigned)token;
-    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(slots + (pos & 1)), "l"(word) : "memory");
+    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(host_slots + (pos & 1)), "l"(word) : "memory");
 }
 
 // (value, index) pairs: keep the larger value, of equal values the lower index (as the CPU's
@@ -67,11 +69,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int *result, int
     warp_keep_max(best, best_i);
     if (lane == 0) {
         *result = best_i < n ? best_i : 0;
-        if (feed) {
-            const int pos = inputs[0];
-            inputs[0] = pos + 1, inputs[1] = *result;
-            step_token_to_host(feed, pos, *result);
-        }
+        if (feed) feed_step_token(inputs, feed, inputs[0], *result);
     }
 }
 
@@ -290,25 +288,26 @@ extern "C" void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed) {
            n);
 }
 
+// The first rows results of the argmax kernels queued, waited for.
+static void argmax_results(GpuCtx *g, int rows, int *out) {
+    CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    memcpy(out, g->argmax_rows_host, rows * sizeof(int));
+}
+
 extern "C" void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out) {
     if (rows < 1 || rows > kMaxArgmaxRows) {
         fprintf(stderr, "run: argmax of %d rows (1 to %d)\n", rows, kMaxArgmaxRows);
         exit(1);
     }
     launch(g, "argmax_kernel", argmax_kernel, dim3(rows), dim3(kArgmaxThreads), 0, g->argmax, g->inputs, (unsigned long long *)NULL, v, n);
-    CUDA_CHECK(cudaMemcpyAsync(g->argmax_rows_host, g->argmax, rows * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    memcpy(out, g->argmax_rows_host, rows * sizeof(int));
+    argmax_results(g, rows, out);
 }
 
-extern "C" void gpu_argmax_fetch(GpuCtx *g, int slot) {
-    CUDA_CHECK(cudaMemcpyAsync(g->argmax_host + slot, g->argmax, sizeof(int), cudaMemcpyDeviceToHost, g->stream));
-    CUDA_CHECK(cudaEventRecord(g->argmax_fetched[slot], g->stream));
-}
-
-extern "C" int gpu_argmax_wait(GpuCtx *g, int slot) {
-    CUDA_CHECK(cudaEventSynchronize(g->argmax_fetched[slot]));
-    return g->argmax_host[slot];
+extern "C" int gpu_argmax_result(GpuCtx *g) {
+    int token;
+    argmax_results(g, 1, &token);
+    return token;
 }
 
 // No step's token in either slot (before a generation's first step is queued: a slot's old word

@@ -31,7 +31,7 @@ typedef struct {
     MegaStage *record;          // while make_mega runs the step: the ops append their stages here
     int recorded, record_cap;
     int decode_step;            // this step is one token's decode step (M = 1, last logits only)
-    int argmax_ready;           // the step's argmax kernel has run (in the graph or after it)
+    int argmax_ready;           // the step's argmax is queued (its kernel in the graph or after it, or the megakernel's)
     unsigned used[2];           // bit k: LinearKernel k served a call of one token [0], of more [1]
 } GpuExec;
 
@@ -234,13 +234,12 @@ static const float *gpu_op_to_host(Exec *e, const float *logits, int rows) {
     return GPU(e)->host_logits;
 }
 
-// The decode step already ran the argmax kernel: only its result is waited for.
+// The decode step already took its argmax (its kernel, or the megakernel): only the result is waited for.
 static int gpu_op_argmax(Exec *e, const float *logits) {
     GpuExec *g = GPU(e);
     if (g->argmax_ready && logits == e->s.logits) {
         g->argmax_ready = 0;
-        gpu_argmax_fetch(g->ctx, 0);
-        return gpu_argmax_wait(g->ctx, 0);
+        return gpu_argmax_result(g->ctx);
     }
     return gpu_argmax(g->ctx, logits, e->cfg.vocab_size);
 }

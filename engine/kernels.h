@@ -125,11 +125,10 @@ int gpu_argmax(GpuCtx *g, const float *v, int n);                 // first index
 // out[r] = gpu_argmax of row r of v (rows x n, rows 1..64), waited for.
 void gpu_argmax_rows(GpuCtx *g, const float *v, int rows, int n, int *out);
 // The same in parts: the kernel (may be captured in a graph; feed: the result also becomes the
-// next step's input, token at position + 1, and goes to host memory for gpu_step_token_wait), an
-// asynchronous copy of its result into one of two host slots, and the wait for that slot.
+// next step's input, token at position + 1, and goes to host memory for gpu_step_token_wait),
+// then its result (or a megakernel's: gpu_mega_argmax), waited for.
 void gpu_argmax_launch(GpuCtx *g, const float *v, int n, int feed);
-void gpu_argmax_fetch(GpuCtx *g, int slot);
-int gpu_argmax_wait(GpuCtx *g, int slot);
+int gpu_argmax_result(GpuCtx *g);
 // A fed step's token (argmax_kernel's, or a megakernel's that takes the argmax itself:
 // gpu_mega_argmax) as it lands in host memory: the wait for the step at position pos, and the
 // slots cleared before a generation's first step.
