@@ -61,9 +61,11 @@
 // waited for their tiles; with MK_TRACE_MATH as well, each consumer warp's cycles in
 // the tile loops and the units' barriers: MkWarpClock), MK_NO_MATH (the ring streamed, nothing
 // computed), MK_NO_FINISH (no unit's rows finished), MK_NO_WAIT (no stage waits for the one
-// before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are) and
-// MK_FREE (the hand-overs into the stages that the environment variable MK_FREE names not waited
-// for, nor counted by the stages before them: mk_free), all wrong results; MK_GRID (the step on
+// before), MK_NO_COPY (no weights copied: the slots handed to the consumers as they are),
+// MK_NO_ATTN (each attention unit writes its output, zeros, at once, and loads nothing),
+// MK_NO_COMBINE (a head's splits never combined; with MK_FREE=wo) and MK_FREE (the hand-overs
+// into the stages that the environment variable MK_FREE names not waited for, nor counted by
+// the stages before them: mk_free), all wrong results; MK_GRID (the step on
 // that many blocks at most, the other SMs idle), MK_L2_ROLES (the stages that ask L2 for their
 // tiles past the ring: mk_ask_l2) and MK_PAD_SMEM (bytes of shared memory a block asks for beyond
 // its own: the SM's carveout, and so its L1, for a ring and x unchanged).
@@ -1456,6 +1458,18 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
     mk_attention_merge(p, st, h, at, sm, au.part);
 }
 
+// (MK_NO_ATTN, a measurement build with MK_FREE: the attention's outputs written at once, as zeros)
+#ifdef MK_NO_ATTN
+__device__ void mk_no_attention(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at) {
+    const MkAttnUnit au = mk_attn_unit(p, unit, at);
+    const int hs = p.head_size;
+    for (int d = 2 * threadIdx.x; d < hs; d += 2 * kMkConsumers) {
+        if (at.splits == 1) mk_attn_out(st, au.h * hs + d, 0.0f, 0.0f, at.tag);
+        else au.part[2 + d] = 0.0f, au.part[3 + d] = 0.0f;
+    }
+    if (at.splits > 1 && threadIdx.x == 0) au.part[0] = 0.0f, au.part[1] = 1.0f;
+}
+#endif
 // mk_attention_warps for the head size: pairs a lane as few as it takes.
 template <typename KV, typename Shape>
 __device__ void mk_attention_by_warps(const MkParams &p, const MkStage &st, int unit, const MkAttnStep &at, float *sm) {
@@ -1588,8 +1602,14 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
                         mk_combine_unit(p, st, u, step, scratch, red);
                         continue;
                     }
+#ifdef MK_NO_ATTN
+                    mk_no_attention(p, st, u, step);
+#else
                     mk_attention_by_warps<KV, Shape>(p, st, u, step, scratch);
+#endif
+#ifndef MK_NO_COMBINE   // (a measurement build: the splits' partials never combined; with MK_FREE=wo)
                     if (MK_LAST_COMBINES && splits > 1) mk_combine_if_last(p, st, u, step, layer, scratch, red);
+#endif
                 }
             }
             if (st.count) {
