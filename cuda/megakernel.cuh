@@ -27,7 +27,9 @@
 // output, the attention's), until each element of x it loads carries that stage's flag
 // (mk_flags); a block with no unit in a stage goes straight on. Small work (the embedding row,
 // attention and the combine of its splits) is spread over the blocks as units of its own stage
-// (the combine: by the last split's block, mk_combine_if_last); RMSNorm, RoPE, the KV store,
+// (the combine: by the last split's block, mk_combine_if_last), or, in the kernel for heads of
+// 128, up to kMkSliceRows positions by the QKV stage's units themselves, one head's slice of q,
+// k and v each (mk_slice_qkv, mk_slice_attention); RMSNorm, RoPE, the KV store,
 // biases, residual adds and SwiGLU are folded into the linear stages as in the per-matrix GEMVs.
 // The greedy argmax is the step's last work (mk_unit_best, mk_step_argmax): no kernel runs between
 // two steps, and the token reaches the host without a copy in the stream (bench/NOTES.md 105).
@@ -54,7 +56,8 @@
 // MK_COLS (tile columns), MK_BLOCKS (blocks an SM), MK_EVICT_FIRST, MK_ROPE_EARLY, MK_X_QUADS,
 // MK_X_FIT, MK_MIN_CHUNK, MK_NO_CVT, MK_KEEP_RESIDUAL, MK_FLAGS, MK_FLAG_BACKOFF, MK_FLAGGED_QUADS,
 // MK_IN_FLIGHT, MK_IN_FLIGHT_DEEP, MK_FAST_U, MK_GROUP_SELECT, MK_ATTN_WIDE, MK_REGS, MK_ACCS,
-// MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD, MK_X_PARTS, MK_UNIT_ROWS; for measurement only,
+// MK_LAST_COMBINES, MK_ATTN_FLAGS, MK_L2_AHEAD, MK_X_PARTS, MK_UNIT_ROWS, MK_SLICES,
+// MK_SLICE_BACKOFF; for measurement only,
 // MK_STEP_CLOCK (%globaltimer at each step's kernel entry, after its consumers' PDL wait and when
 // its last block is out: the gap between steps, printed at the end), MK_TRACE (per-stage
 // timestamps, printed after the 101st launch of an ungraphed run, with the time the tile loops
@@ -174,6 +177,22 @@ constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 #ifndef MK_ATTN_FLAGS
 #define MK_ATTN_FLAGS 1
 #endif
+// MK_SLICES (default off; on: the heads-of-128 kernel's QKV stage in units of head slices, which
+// take the attention of short contexts themselves, mk_slice_qkv and mk_slice_attention): a unit is
+// one head's kMkSliceW dimensions of q, k and v; the head's kMkSliceLanes units exchange their
+// parts of the scores of every row (tagged, in p.scores), and each finishes the softmax and its
+// dimensions of the output. Up to kMkSliceRows rows (positions) a step; past them the step's
+// attention stage runs as without.
+#ifndef MK_SLICES
+#define MK_SLICES 1
+#endif
+// MK_SLICE_BACKOFF: ns a thread sleeps before it loads again the parts of scores not yet there.
+#ifndef MK_SLICE_BACKOFF
+#define MK_SLICE_BACKOFF 64
+#endif
+constexpr int kMkSliceW = 32, kMkSliceLanes = kMkSliceW / 8, kMkSliceRows = 256;
+constexpr int kMkSliceRowsAt = kMkConsumers / kMkSliceLanes, kMkSlicePasses = kMkSliceRows / kMkSliceRowsAt;
+static_assert(kMkSliceRows % kMkSliceRowsAt == 0, "a slice's rows: whole passes of the block");
 // An attention unit's shared memory: each consumer warp's running softmax (mk_attention_warps);
 // the combine step's split weights.
 constexpr int kMkAttnFloats = kMkConsumerWarps * (2 + kMaxHeadSize) > kMaxSplits ? kMkConsumerWarps * (2 + kMaxHeadSize) : kMaxSplits;
@@ -186,6 +205,8 @@ enum { MK_EMBED, MK_GEMV, MK_ATTENTION, MK_COMBINE };
 template <int kHs, int kGroupSteps, int kXQuads>
 struct MkShape {
     static constexpr int hs = kHs, group_steps = kGroupSteps, x_quads = kXQuads;
+    // log2 of the group size where kGroupSteps tells it (groups narrower than a warp's columns), or 0
+    static constexpr int gshift = kGroupSteps > 0 && kGroupSteps < kMkSteps ? 5 + (kGroupSteps >= 2) + (kGroupSteps >= 4) : 0;
 };
 using MkAnyShape = MkShape<0, -1, 0>;
 // Heads of 128, groups of 128, x of 2,049-4,096 elements (Llama-2-7B's, Llama-3-8B's and their
@@ -194,6 +215,9 @@ using MkShape128 = MkShape<128, 4, 4>;
 
 struct MkStage {
     int kind;
+    int slice;          // QKV as head slices (mk_slice_qkv): GEMV, the slice's width (its unit: the slice's
+                        // q, k and v rows, kMkSliceW each), 0 if not; ATTENTION: the same, its QKV's
+                        // (next to kind: a field read where every stage's is)
     int units;          // EMBED, GEMV (fixed); ATTENTION and COMBINE: from the position
     int pair, norm;     // GEMV: w1 and w3 with the SwiGLU; RMSNorm folded (a.norm_w)
     Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
@@ -227,6 +251,13 @@ struct MkStage {
     // an x of x_len (mk_split_long_x; else 0 and a.K); the matrix's rows are src_stride bytes and
     // src_groups scales apart (a.stride and a.groups: the stage's own columns)
     int x_off, x_len, src_stride, src_groups;
+    // QKV as head slices (mk_slice_qkv): sl_q: q (n_heads * head size), for the attention stage
+    // where the step's rows are too many for the slices; sl_out: the attention's output, flagged
+    // (its tag: write sl_tag_seq of sl_tag_writes a step); sl_seq: the stage's place among the
+    // step's sl_writes sliced stages (the scores' tags, mk_slice_tag).
+    float *sl_q;
+    uint2 *sl_out;
+    int sl_tag_seq, sl_tag_writes, sl_seq, sl_writes;
 };
 
 // A classifier unit's first largest logit and its index (mk_unit_best).
@@ -253,6 +284,7 @@ struct MkParams {
     int keep_floats;       // the block's rows of the residual stream, kept (mk_finish_kept), rounded up to 4
     unsigned long long *trace;   // -DMK_TRACE: (blocks, n_stages, kMkStamps) %globaltimer stamps, else NULL
     unsigned long long *warp_trace;   // -DMK_TRACE_MATH: (blocks, n_stages, consumer warps, kMkWarpTimes) cycles (MkWarpClock)
+    uint2 *scores;         // (n_heads, head_size / kMkSliceW, kMkSliceRows) the slices' partial scores, tagged (mk_slice_qkv), or NULL
 };
 
 // -DMK_TRACE (a build for measurement only): block thread 0's clock at a stage's start (k = 0),
@@ -371,14 +403,17 @@ __device__ TmaBlock mk_unit(const MkStage &st, int u) {
 }
 
 // A unit's physical rows (pair mode: w1 r, w3 r, w1 r + 1, ...) in the row-major matrices.
+// A sliced QKV unit's (mk_slice_rows): slice rows of q from q0, of k from q1, of v from q2.
 struct MkRows {
-    const int8_t *q0, *q1;   // row lrow0 of the output, or of w1 and of w3
-    const float *s0, *s1;
-    int stride, groups, pair;
+    const int8_t *q0, *q1, *q2 = nullptr;   // row lrow0 of the output, or of w1 and of w3
+    const float *s0, *s1, *s2 = nullptr;
+    int stride, groups, pair, slice = 0;
     __device__ const int8_t *q(int p) const {
+        if (slice) return (p < slice ? q0 : p < 2 * slice ? q1 : q2) + (size_t)(p % slice) * stride;
         return pair ? (p & 1 ? q1 : q0) + (size_t)(p >> 1) * stride : q0 + (size_t)p * stride;
     }
     __device__ const float *s(int p) const {
+        if (slice) return (p < slice ? s0 : p < 2 * slice ? s1 : s2) + (size_t)(p % slice) * groups;
         return pair ? (p & 1 ? s1 : s0) + (size_t)(p >> 1) * groups : s0 + (size_t)p * groups;
     }
 };
@@ -435,13 +470,27 @@ __host__ __device__ __forceinline__ size_t mk_record_at(const MkStage &st, int u
     return ((size_t)u * mk_tiles_a_unit(st) + t) * mk_record_bytes(st.a.gs);
 }
 
+// A sliced QKV unit's rows (mk_slice_qkv): its slice's rows of q, then of k, then of v, each
+// kMkSliceW rows of the row-major matrix from the slice's first (head h's kv head is h's own).
+__device__ MkRows mk_slice_rows(const MkStage &st, int u) {
+    const int per_head = st.a.rope.head_size / st.slice, row0 = u / per_head * st.a.rope.head_size + u % per_head * st.slice;
+    MkRows r;
+    r.pair = 0, r.stride = st.src_stride, r.groups = st.src_groups;
+    r.q0 = st.a.out[0].q + (size_t)row0 * r.stride, r.s0 = st.a.out[0].s + (size_t)row0 * r.groups;
+    r.q1 = st.a.out[1].q + (size_t)row0 * r.stride, r.s1 = st.a.out[1].s + (size_t)row0 * r.groups;
+    r.q2 = st.a.out[2].q + (size_t)row0 * r.stride, r.s2 = st.a.out[2].s + (size_t)row0 * r.groups;
+    r.slice = st.slice;
+    return r;
+}
+
 // Tile blockIdx.y of unit blockIdx.x of a linear stage into its record at dst.
 __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     pdl_wait();   // the matrices: written by whatever ran before
     const TmaBlock b = mk_unit(st, blockIdx.x);
     const int t = blockIdx.y, gs = st.a.gs;
     if (t >= b.tiles) return;   // the last unit's rows end sooner: records never copied
-    const MkRows r = mk_rows(st, b);
+    MkRows r = mk_rows(st, b);
+    if (st.slice) r = mk_slice_rows(st, blockIdx.x);
     unsigned char *rec = dst + mk_record_at(st, blockIdx.x, t);
     const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
     for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
@@ -712,10 +761,10 @@ __device__ __forceinline__ void mk_store_digits(const MkX &xs, float4 v, float u
 // float4 of one round are 128 consecutive elements, so that a group of up to 128 finds its
 // largest element by shuffles (larger groups: through shared memory, two barriers a batch). Ends
 // with a barrier.
-template <bool norm, bool flagged, int kMkXQuads>
+template <bool norm, bool flagged, int kMkXQuads, int kGShift = 0>
 __device__ float mk_stage_x(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     constexpr int kMkXBatch = 4 * kMkXQuads * kMkConsumers;
-    const int K = a.K, gshift = a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
+    const int K = a.K, gshift = kGShift ? kGShift : a.group_shift + 4, lane = threadIdx.x % 32, in_warp = gshift <= 7;
     float sumsq = 0.0f;
     for (int base = 0; base < xs.xpad; base += kMkXBatch) {
         float4 v[kMkXQuads], nw[kMkXQuads];   // x, and the norm weights in the same round of loads
@@ -808,11 +857,11 @@ __host__ __device__ __forceinline__ int mk_x_quads(int xpad, bool norm, bool fla
     if (MK_X_FIT && !norm && !flagged && need > 8 && need <= kMkXMost) return kMkXMost;
     return flagged ? MK_FLAGGED_QUADS : 8;
 }
-// mk_stage_x with mk_x_quads' batches (Shape's, where it fixes them).
+// mk_stage_x with mk_x_quads' batches (Shape's, where it fixes them, and its group size).
 template <bool norm, bool flagged, typename Shape>
 __device__ float mk_stage_x_fit(const MkParams &p, int stage, const MkX &xs, float *red, const Q8Args &a, const uint2 *xf, unsigned tag) {
     if constexpr (Shape::x_quads > 0) {
-        return mk_stage_x<norm, flagged, Shape::x_quads>(p, stage, xs, red, a, xf, tag);
+        return mk_stage_x<norm, flagged, Shape::x_quads, Shape::gshift>(p, stage, xs, red, a, xf, tag);
     } else {
         const int quads = mk_x_quads(xs.xpad, norm, flagged);
         if (quads == 2) return mk_stage_x<norm, flagged, 2>(p, stage, xs, red, a, xf, tag);
@@ -963,19 +1012,39 @@ struct MkTurn {
                !st.a.rope.seq_stride;
     }
 };
+// Whether a sliced QKV stage's units take the attention at position pos (else the attention stage).
+__device__ __forceinline__ bool mk_slice_now(int pos) { return pos + 1 <= kMkSliceRows; }
+// Whether stage st is sliced in the kernel compiled for Shape (never in the any-shape kernel).
+template <typename Shape>
+__device__ __forceinline__ bool mk_sliced(const MkStage &st) {
+    if constexpr (Shape::hs > 0) return st.slice != 0;
+    return false;
+}
+
+// A sliced QKV unit's (mk_slice_attention): thread i < kMkSliceW turns the pair i % (kMkSliceW /
+// 2) of q's slice (i < kMkSliceW / 2) or of k's; t.pos is the step's position either way.
+template <typename Shape>
 __device__ MkTurn mk_turn(const MkParams &p, int pos) {
     MkTurn t;
-    if (!MK_ROPE_EARLY) return t;
+    int at = -1;   // this thread's pair's frequency in t.freq
     for (int s = 0; s < p.n_stages; s++) {
         const MkStage &st = p.stages[s];
-        if (st.kind != MK_GEMV || !st.a.rope.inputs || (int)blockIdx.x >= st.units) continue;
+        if (st.kind != MK_GEMV || !st.a.rope.inputs) continue;
+        if (mk_sliced<Shape>(st)) {
+            const int d = blockIdx.x % kMkSliceLanes * kMkSliceW + 2 * (threadIdx.x % (kMkSliceW / 2));
+            t.pos = pos, t.freq = st.a.rope.freq;
+            if ((int)blockIdx.x < st.units && threadIdx.x < kMkSliceW) at = d / 2;
+            break;
+        }
+        if (!MK_ROPE_EARLY || st.a.rope.inputs != p.inputs) break;   // (a position other than the step's)
+        if ((int)blockIdx.x >= st.units) continue;
         const TmaBlock b = mk_unit(st, blockIdx.x);
-        if (st.a.rope.inputs != p.inputs) return t;   // a position other than the step's
         t.j = b.j, t.lrow0 = b.lrow0, t.lrows = b.lrows, t.head_size = st.a.rope.head_size, t.freq = st.a.rope.freq, t.pos = pos;
         const int row = b.lrow0 + 2 * threadIdx.x;
-        if (b.j < 2 && 2 * (int)threadIdx.x < b.lrows) sincosf(pos * __ldg(t.freq + row % t.head_size / 2), &t.cs_sn.y, &t.cs_sn.x);
-        return t;
+        if (b.j < 2 && 2 * (int)threadIdx.x < b.lrows) at = row % t.head_size / 2;
+        break;
     }
+    if (at >= 0) sincosf(pos * __ldg(t.freq + at), &t.cs_sn.y, &t.cs_sn.x);
     return t;
 }
 
@@ -1180,17 +1249,210 @@ __device__ void mk_step_argmax(const MkParams &p, int pos, float *red) {
     feed_step_token(p.inputs, p.step_tokens, pos, token);
 }
 
+// ---------------------------------------------------------------- QKV in head slices
+// (MK_SLICES, mk_slice_qkv.) A sliced QKV unit u is head h = u / kMkSliceLanes's dimensions
+// col .. col + kMkSliceW - 1 (col = h head_size + (u % kMkSliceLanes) kMkSliceW) of q, k and v:
+// its rows finished (mk_slice_finish), then the attention of its slice of q over rows 0 .. pos of
+// its slice of the caches (mk_slice_attention). The head's kMkSliceLanes units each write their
+// part of every row's score, read the others' and so all hold the same scores; each finishes the
+// softmax and its dimensions of the output. Where the step has more rows than kMkSliceRows, the
+// rows are only finished, and the attention stage after runs as for unsliced stages.
+
+// A stage's units at the step's position: mk_units', none for an attention stage whose sliced QKV
+// stage took its work.
+template <typename Shape>
+__device__ __forceinline__ int mk_stage_units(const MkStage &st, int splits, int n_heads, int pos) {
+    if constexpr (Shape::hs > 0)
+        if (st.kind == MK_ATTENTION && st.slice && mk_slice_now(pos)) return 0;
+    return mk_units(st, splits, n_heads);
+}
+
+// A slice's partial scores go over as a word a row: the score's bits, then a 32-bit tag, the
+// count of the sliced stages before it since the buffer's zeros (epoch sl_writes + sl_seq + 1), so
+// that no word from an earlier write, of this step or any before, reads as this one's.
+__device__ __forceinline__ unsigned mk_slice_tag(const MkStage &st, unsigned epoch) {
+    return epoch * (unsigned)st.sl_writes + (unsigned)st.sl_seq + 1u;
+}
+__device__ __forceinline__ void mk_store_score(uint2 *at, float v, unsigned tag) {
+    const unsigned long long w = (unsigned long long)tag << 32 | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(w) : "memory");
+}
+
+// The unit's rows finished (thread i < 3 kMkSliceW / 2: rows 2i and 2i + 1, of q, k or v; as
+// store_rows): q into st.sl_q and q_own (kMkSliceW), k and v into the caches at the step's position.
+__device__ void mk_slice_finish(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms,
+                                const MkTurn &turn, float *q_own) {
+    constexpr int W = kMkSliceW;
+    if (threadIdx.x >= 3 * W / 2) return;
+    const int hs = p.head_size, u = b.lrow0 / (3 * W), col = u / kMkSliceLanes * hs + u % kMkSliceLanes * W;
+    const int r = 2 * threadIdx.x, j = r / W, d = r % W;
+    float v[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) v[i] = finish_output(warps_row_sum(sums, kMkConsumerWarps, b.prows, r + i), 0.0f, inv_rms, false);
+    const float *bias = st.a.rope.bias[j];
+    if (bias) v[0] += __ldg(bias + col + d), v[1] += __ldg(bias + col + d + 1);
+    if (j < 2) rope_pair(v[0], v[1], turn.cs_sn.x, turn.cs_sn.y);
+    if (j == 0) {
+        st.sl_q[col + d] = v[0], st.sl_q[col + d + 1] = v[1];
+    } else {
+        __half *cache = static_cast<__half *>(j == 1 ? st.a.rope.kc : st.a.rope.vc);
+        *reinterpret_cast<__half2 *>(cache + (size_t)turn.pos * (p.n_kv_heads * hs) + col + d) = __floats2half2_rn(v[0], v[1]);
+    }
+    if (j == 0) q_own[d] = v[0], q_own[d + 1] = v[1];
+}
+
+// The slice's attention (q_own: its q; sm: (warps, 2 + kMkSliceW)).
+// A row t a lane group of kMkSliceLanes lanes in each pass, lane c its dimensions 8c .. 8c + 7, and
+// slice c's part of the row's score from the exchange; every key and value row of the block's
+// passes in flight together. The lanes' running softmaxes are merged by shuffles, then the warps'
+// in shared memory (mk_attention_wide's steps), and the slice's output goes to the output
+// projection flagged.
+__device__ void mk_slice_attention(const MkParams &p, const MkStage &st, const TmaBlock &b, const MkTurn &turn, unsigned epoch,
+                                   const float *q_own, float *sm) {
+    constexpr int W = kMkSliceW;
+    const int hs = p.head_size, u = b.lrow0 / (3 * W), h = u / kMkSliceLanes, sl = u % kMkSliceLanes;
+    const int kv_dim = p.n_kv_heads * hs, col = h * hs + sl * W, pos = turn.pos;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = lane % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
+    const __half *kc = static_cast<const __half *>(st.a.rope.kc) + col + 8 * c, *vc = static_cast<const __half *>(st.a.rope.vc) + col + 8 * c;
+    uint4 k[kMkSlicePasses], v[kMkSlicePasses];
+#pragma unroll
+    for (int i = 0; i < kMkSlicePasses; i++) {   // the step's row too: its writes are the block's own, before the barrier
+        const size_t t = i * kMkSliceRowsAt + at;
+        if ((int)t <= pos) k[i] = __ldcg(reinterpret_cast<const uint4 *>(kc + t * kv_dim)), v[i] = __ldcg(reinterpret_cast<const uint4 *>(vc + t * kv_dim));
+    }
+    float q[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) q[j] = q_own[8 * c + j];
+    uint2 *scores = p.scores + (size_t)h * kMkSliceLanes * kMkSliceRows;   // (kMkSliceLanes, kMkSliceRows): the head's
+    const unsigned tag = mk_slice_tag(st, epoch);
+    float part[kMkSlicePasses];
+#pragma unroll
+    for (int i = 0; i < kMkSlicePasses; i++) {
+        const int t = i * kMkSliceRowsAt + at;
+        float dot = 0.0f;
+        if (t <= pos) {
+            const __half2 *kh = reinterpret_cast<const __half2 *>(&k[i]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 e = __half22float2(kh[j]);
+                dot += q[2 * j] * e.x + q[2 * j + 1] * e.y;
+            }
+        }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);   // the group's lanes: the same sum in each
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        part[i] = dot;
+        if (c == sl && t <= pos) mk_store_score(scores + sl * kMkSliceRows + t, dot, tag);
+    }
+    unsigned long long w[kMkSlicePasses];   // lane c: slice c's part (its own: part)
+#pragma unroll
+    for (int i = 0; i < kMkSlicePasses; i++) {
+        const int t = i * kMkSliceRowsAt + at;
+        w[i] = c != sl && t <= pos ? mk_load_pair(scores + c * kMkSliceRows + t) : (unsigned long long)tag << 32;
+    }
+    for (;;) {   // the parts not there yet, loaded again together
+        bool ready = true;
+#pragma unroll
+        for (int i = 0; i < kMkSlicePasses; i++) ready = ready && (unsigned)(w[i] >> 32) == tag;
+        if (ready) break;
+        if (MK_SLICE_BACKOFF) __nanosleep(MK_SLICE_BACKOFF);
+#pragma unroll
+        for (int i = 0; i < kMkSlicePasses; i++)
+            if ((unsigned)(w[i] >> 32) != tag) w[i] = mk_load_pair(scores + c * kMkSliceRows + i * kMkSliceRowsAt + at);
+    }
+    const float inv_sqrt = 1.0f / sqrtf((float)hs);
+    float sc[kMkSlicePasses], m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMkSlicePasses; i++) {   // slices 0 + 1, 2 + 3, then both: the same order in every lane and block
+        float s = c == sl ? part[i] : __uint_as_float((unsigned)w[i]);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        sc[i] = i * kMkSliceRowsAt + at <= pos ? s * inv_sqrt : -INFINITY;
+        m = fmaxf(m, sc[i]);
+    }
+    const float base = m == -INFINITY ? 0.0f : m;   // a group with no row: every weight 0, no NaN
+    float l = 0.0f, acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMkSlicePasses; i++) {
+        const int t = i * kMkSliceRowsAt + at;
+        const float e = expf(sc[i] - base);
+        l += e;
+        if (t <= pos) {
+            const __half2 *vh = reinterpret_cast<const __half2 *>(&v[i]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 x = __half22float2(vh[j]);
+                acc[2 * j] = fmaf(e, x.x, acc[2 * j]), acc[2 * j + 1] = fmaf(e, x.y, acc[2 * j + 1]);
+            }
+        }
+    }
+    // the warp's row groups into lanes 0 .. kMkSliceLanes - 1, as mk_attention_wide's (its own copy:
+    // a function shared by both changed the any-shape kernel's machine code)
+#pragma unroll
+    for (int o = kMkSliceLanes; o < 32; o <<= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+        const float mx = fmaxf(m, mo), bx = mx == -INFINITY ? 0.0f : mx, a = expf(m - bx), bo = expf(mo - bx);
+        l = l * a + lo * bo;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = acc[j] * a + __shfl_xor_sync(0xffffffffu, acc[j], o) * bo;
+        m = mx;
+    }
+    float *mine = sm + warp * (2 + W);
+    if (lane == 0) mine[0] = m, mine[1] = l;
+    if (lane < kMkSliceLanes)
+#pragma unroll
+        for (int j = 0; j < 8; j++) mine[2 + 8 * lane + j] = acc[j];
+    consumer_sync();
+    if (threadIdx.x >= W / 2) return;
+    const int d = 2 * threadIdx.x;   // a pair a thread (mk_attention_merge's sums)
+    float top = -INFINITY;
+    for (int x = 0; x < kMkConsumerWarps; x++) top = fmaxf(top, sm[x * (2 + W)]);
+    float total = 0.0f, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int x = 0; x < kMkConsumerWarps; x++) {   // a warp without rows: m = -inf, weight 0
+        const float wx = expf(sm[x * (2 + W)] - top);
+        total += sm[x * (2 + W) + 1] * wx;
+        sum[0] += sm[x * (2 + W) + 2 + d] * wx, sum[1] += sm[x * (2 + W) + 3 + d] * wx;
+    }
+    mk_store_pair(st.sl_out + (col + d) / 2, sum[0] / total, sum[1] / total, mk_tag(epoch, st.sl_tag_writes, st.sl_tag_seq));
+}
+
+// A sliced unit after its tile loop (scratch: the stage's x area, which its tiles no longer read).
+__device__ void mk_slice_unit(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, const MkTurn &turn,
+                              unsigned epoch, float *scratch) {
+    float *q_own = scratch, *sm = scratch + kMkSliceW;
+    mk_slice_finish(p, st, b, sums, inv_rms, turn, q_own);
+    if (!mk_slice_now(turn.pos)) return;
+    consumer_sync();   // q_own, and the caches' row at the step's position
+    mk_slice_attention(p, st, b, turn, epoch, q_own, sm);
+}
+
+// Whether unit b of stage st was sliced and so finished by mk_slice_unit (the branch is left out of
+// the any-shape kernel, whose code even a branch never taken makes slower).
+template <typename Shape>
+__device__ __forceinline__ bool mk_slice_finished(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms,
+                                                  const MkTurn &turn, unsigned epoch, const MkX &xs) {
+    if constexpr (Shape::hs > 0) {
+        if (!st.slice) return false;
+        mk_slice_unit(p, st, b, sums, inv_rms, turn, epoch, reinterpret_cast<float *>(xs.d));
+        return true;
+    }
+    return false;
+}
+
 // A linear stage's units of this block; at: the ring's position, in step with the producer's.
 template <typename Shape>
 __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsigned char *smem, uint32_t full, uint32_t empty,
                           float *red, const MkTurn turn, unsigned epoch) {
     MkLoop l;
     l.smem = smem, l.full = full, l.empty = empty;
-    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride, st.a.group_shift + 4);
+    const int gshift = Shape::gshift ? Shape::gshift : st.a.group_shift + 4;
+    l.xs = mk_x(smem + p.slots * p.slot_bytes, st.a.stride, gshift);
     l.sums = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes + p.scratch_bytes);
     const int c = threadIdx.x % 4;
     l.f[0] = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, l.f[1] = c == 0 ? 1.0f / 254.0f : 0.0f;
-    l.stage = int(&st - p.stages), l.stride = st.a.stride, l.gshift = st.a.group_shift + 4, l.per_row = mk_groups_a_row(st.a.gs);
+    l.stage = int(&st - p.stages), l.stride = st.a.stride, l.gshift = gshift, l.per_row = mk_groups_a_row(st.a.gs);
     l.slots = p.slots, l.slot_bytes = p.slot_bytes;
     const int group_steps = mk_group_steps(st.a.gs), stage = l.stage;
     const bool pair = st.pair != 0;
@@ -1215,7 +1477,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                            mk_tag(epoch, st.ll_writes_out, st.ll_seq_prev));
         else if (st.ll_out)
             mk_finish_flagged(st, b, sums, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
-        else
+        else if (!mk_slice_finished<Shape>(p, st, b, sums, inv_rms, turn, epoch, l.xs))
             finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
                               turn.pos);
 #else
@@ -1583,12 +1845,12 @@ __device__ void mk_consume(const MkParams &p, unsigned char *smem, uint32_t full
     const int pos = __ldcg(p.inputs), splits = mk_splits(pos, p.n_heads);
     float *scratch = reinterpret_cast<float *>(smem + p.slots * p.slot_bytes);
     MkRing at;   // the ring's position, in step with the producer's
-    const MkTurn turn = mk_turn(p, pos);
+    const MkTurn turn = mk_turn<Shape>(p, pos);
     const unsigned epoch = __ldcg(p.counters + p.n_stages + 1);
     int before = -1, before_units = 0;   // the last stage with units
     for (int s = 0, layer = 0; s < p.n_stages; layer += p.stages[s].kind == MK_ATTENTION, s++) {
         const MkStage &st = p.stages[s];
-        const int units = mk_units(st, splits, p.n_heads), mine = my_units(units);
+        const int units = mk_stage_units<Shape>(st, splits, p.n_heads, pos), mine = my_units(units);
         if (mine > 0) {
             mk_stamp(p, s, 0);
             if (before >= 0 && st.wait) mk_wait(p, before, before_units);
@@ -1698,6 +1960,7 @@ struct GpuMega {
     int blocks;
     void (*kernel)(MkParams);   // mega_kernel for the KV cache's type and, where the model has it, a compiled shape (MkShape)
     const char *shape;          // that shape, or NULL
+    bool sliced;                // QKV in head slices (mk_slice_qkv)
     int x_parts;                // the most parts an x is staged in (mk_split_long_x)
     float *part_rows;           // the first parts' output, read by no one (mk_part_rows), or NULL
     int *kinds;        // host: each stage's MK_* (the trace report)
@@ -2105,6 +2368,48 @@ static float *mk_part_rows(MkStage *st, int n) {
     return part_rows;
 }
 
+// QKV as head slices (MK_SLICES; mk_slice_attention): every QKV stage (the linear stages with
+// RoPE) of a model whose heads the heads-of-128 kernel takes, each head its own kv head, in
+// kMkSliceLanes slices a head, where the grid has a block for each slice (a slice's block waits
+// in its unit for the head's other slices), each QKV stage followed by its attention. All or none;
+// returns whether. The first output's rows stand for the units' (mk_unit); the pack takes each
+// unit's rows from the three matrices (mk_slice_rows).
+static bool mk_slice_qkv(MkStage *st, int n, MegaAttention at, int blocks) {
+    const int per_head = at.head_size / kMkSliceW, q_dim = at.n_heads * at.head_size;
+    if (!MK_SLICES || !MK_ATTN_FLAGS || !MK_LAST_COMBINES || !at.kv_half || at.head_size != MkShape128::hs || per_head != kMkSliceLanes ||
+        at.n_kv_heads != at.n_heads || at.n_heads * per_head > blocks)
+        return false;
+    int sliced = 0;
+    for (int s = 0; s < n; s++) {
+        const MkStage &t = st[s];
+        if (t.kind != MK_GEMV || !t.a.rope.inputs) continue;
+        const bool fits = !t.pair && t.a.n_out == 3 && s + 1 < n && st[s + 1].kind == MK_ATTENTION && st[s + 1].q == t.a.out[0].y &&
+                          st[s + 1].kc == t.a.rope.kc && st[s + 1].vc == t.a.rope.vc && t.a.rope.head_size == at.head_size &&
+                          !t.a.rope.seq_stride && t.a.out[0].N == q_dim && t.a.out[1].N == q_dim && t.a.out[2].N == q_dim;
+        if (!fits) return false;
+        sliced++;
+    }
+    for (int s = 0, seq = 0; s < n; s++) {
+        MkStage &t = st[s];
+        if (t.kind != MK_GEMV || !t.a.rope.inputs) continue;
+        t.slice = st[s + 1].slice = kMkSliceW;
+        t.sl_q = t.a.out[0].y, t.sl_seq = seq++, t.sl_writes = sliced;
+        t.a.tma_rows = 3 * kMkSliceW, t.units = t.units_of[0] = at.n_heads * per_head, t.units_of[1] = t.units_of[2] = 0;
+        t.a.out[0].N = 3 * q_dim;
+    }
+    return sliced > 0;
+}
+// The sliced stages' output (the attention stage's, flagged: mk_flags); false where it is not.
+static bool mk_slice_outputs(MkStage *st, int n) {
+    for (int s = 0; s + 1 < n; s++) {
+        if (st[s].kind != MK_GEMV || !st[s].slice) continue;
+        const MkStage &att = st[s + 1];
+        if (!att.ll_out) return false;
+        st[s].sl_out = att.ll_out, st[s].sl_tag_seq = att.ll_seq_out, st[s].sl_tag_writes = att.ll_writes_out;
+    }
+    return true;
+}
+
 extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
     if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
     if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
@@ -2141,6 +2446,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             }
         }
     }
+    const bool sliced = mk_slice_qkv(host, count, at, blocks);
     p.keep_floats = mk_keep_residual(host, count, blocks);
     mk_size_areas(host, count, &p);
     int x_parts = 1;
@@ -2164,6 +2470,14 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     char not_shaped[ERR_LEN];   // (a kernel that fits for the shape or not: the generic one runs the step either way)
     if (mk_takes_shape128(host, count, at) && mk_kernel_fits(mega_kernel<__half, MkShape128>, mg->smem, not_shaped))
         mg->kernel = mega_kernel<__half, MkShape128>, mg->shape = "heads of 128, groups of 128";
+    if (sliced && (!mg->shape || !mk_slice_outputs(host, count))) {   // (mk_slice_qkv takes only what these take)
+        snprintf(why, ERR_LEN, "its QKV stages in head slices need the kernel for heads of 128 and the attention's output flagged");
+        for (int i = 0; i < mg->n_flag_bufs; i++) CUDA_CHECK(cudaFree(mg->flag_bufs[i]));
+        if (mg->part_rows) CUDA_CHECK(cudaFree(mg->part_rows));
+        CUDA_CHECK(cudaFree(mg->pack));
+        return free(host), free(mg), (GpuMega *)NULL;
+    }
+    mg->sliced = sliced;
 #ifdef MK_FREE
     mk_free(host, count);
 #endif
@@ -2172,6 +2486,11 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     CUDA_CHECK(cudaMalloc(&p.counters, (count + 2 + at.n_heads) * sizeof(unsigned)));
     CUDA_CHECK(cudaMemset(p.counters, 0, (count + 2 + at.n_heads) * sizeof(unsigned)));
     CUDA_CHECK(cudaMalloc(&p.part, (size_t)at.n_heads * kMaxSplits * (2 + at.head_size) * sizeof(float)));
+    if (sliced) {   // tags 0: before any write
+        const size_t bytes = (size_t)at.n_heads * kMkSliceLanes * kMkSliceRows * sizeof(uint2);
+        CUDA_CHECK(cudaMalloc(&p.scores, bytes));
+        CUDA_CHECK(cudaMemset(p.scores, 0, bytes));
+    }
 #ifdef MK_TRACE
     CUDA_CHECK(cudaMalloc(&p.trace, (size_t)blocks * count * kMkStamps * 8));
 #ifdef MK_TRACE_MATH
@@ -2316,9 +2635,9 @@ extern "C" int gpu_mega_argmax(const GpuMega *m) { return m->p.best != NULL; }
 extern "C" void gpu_mega_describe(const GpuMega *m, char *buf, size_t n) {
     char parts[64] = "";
     if (m->x_parts > 1) snprintf(parts, sizeof parts, ", the longest x in %d stages of its columns", m->x_parts);
-    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory%s, a %.2f GB copy in tile order%s%s", m->blocks,
+    snprintf(buf, n, "%d blocks, %d stages, %d ring slots of %d KB, %zu KB shared memory%s, a %.2f GB copy in tile order%s%s%s", m->blocks,
              m->p.n_stages, m->p.slots, m->p.slot_bytes / 1024, m->smem / 1024, parts, m->pack_bytes / 1e9,
-             m->shape ? ", compiled for " : "", m->shape ? m->shape : "");
+             m->shape ? ", compiled for " : "", m->shape ? m->shape : "", m->sliced ? ", QKV in head slices" : "");
 }
 
 #ifdef MK_STEP_CLOCK
@@ -2353,6 +2672,7 @@ extern "C" void gpu_mega_free(GpuMega *m) {
     CUDA_CHECK(cudaFree(m->pack));
     CUDA_CHECK(cudaFree(m->p.counters));
     CUDA_CHECK(cudaFree(m->p.part));
+    if (m->p.scores) CUDA_CHECK(cudaFree(m->p.scores));
     CUDA_CHECK(cudaFree(m->p.best));
     for (int i = 0; i < m->n_flag_bufs; i++) CUDA_CHECK(cudaFree(m->flag_bufs[i]));
     if (m->part_rows) CUDA_CHECK(cudaFree(m->part_rows));

@@ -2190,6 +2190,15 @@ static void test_gpu_random_models(void) {
     random_model_files(shaped, 0, 128, 0, fp32, q8, NULL);
     mega_shape_expected = "heads of 128, groups of 128";
     compare_executors("random model, heads of 128, dim 2304, int8 gs128", q8, 70, 7, 0);
+    // heads of 128, each its own kv head, dim 2560: the QKV stage in head slices that take the
+    // attention themselves up to 256 positions; decoded from 250 to past them, where the attention
+    // stage takes it again
+    Config sliced = LLAMA2C_CONFIG(2560, 2560, 1, 20, 20, 97, 300);
+    random_model_files(sliced, 0, 128, 0, fp32, q8, NULL);
+    mega_shape_expected = "heads of 128, groups of 128, QKV in head slices";
+    compare_executors("random model, heads of 128 in slices, dim 2560, int8 gs128", q8, 70, 7, 0);
+    compare_executors("random model, heads of 128 in slices, dim 2560, context 300, int8 gs128", q8, 300, 250, 0);
+    mega_shape_expected = "heads of 128, groups of 128";
     // the same with a hidden size of 10,000: w2's x (19.5 tiles) too long for the shared memory
     // under the SM's second-largest carveout, so w2 split into 2 stages of 10 and 9.5 tiles of its
     // columns, the first adding to the kept rows only; two layers, so that the next layer's
