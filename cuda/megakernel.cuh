@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
 // bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97,
-// 98, 99, 100, 101, 103, 104 and 105 have each design step and where the time goes.
+// 98, 99, 100, 101, 103, 104, 105 and 108 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
 //                                   compiled for any model (MkAnyShape) and, with only the paths
