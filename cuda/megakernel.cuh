@@ -177,8 +177,9 @@ constexpr int kMkMinChunk = MK_MIN_CHUNK, kMkMaxChunk = 1024;
 #ifndef MK_ATTN_FLAGS
 #define MK_ATTN_FLAGS 1
 #endif
-// MK_SLICES (default off; on: the heads-of-128 kernel's QKV stage in units of head slices, which
-// take the attention of short contexts themselves, mk_slice_qkv and mk_slice_attention): a unit is
+// MK_SLICES (default on; 0 for the A/B: the heads-of-128 kernel's QKV stage in units of head
+// slices, which take the attention of short contexts themselves, mk_slice_qkv and
+// mk_slice_attention; bench/NOTES.md 108): a unit is
 // one head's kMkSliceW dimensions of q, k and v; the head's kMkSliceLanes units exchange their
 // parts of the scores of every row (tagged, in p.scores), and each finishes the softmax and its
 // dimensions of the output. Up to kMkSliceRows rows (positions) a step; past them the step's
@@ -1262,8 +1263,7 @@ __device__ void mk_step_argmax(const MkParams &p, int pos, float *red) {
 // stage took its work.
 template <typename Shape>
 __device__ __forceinline__ int mk_stage_units(const MkStage &st, int splits, int n_heads, int pos) {
-    if constexpr (Shape::hs > 0)
-        if (st.kind == MK_ATTENTION && st.slice && mk_slice_now(pos)) return 0;
+    if (st.kind == MK_ATTENTION && mk_sliced<Shape>(st) && mk_slice_now(pos)) return 0;
     return mk_units(st, splits, n_heads);
 }
 
@@ -1294,11 +1294,11 @@ __device__ void mk_slice_finish(const MkParams &p, const MkStage &st, const TmaB
     if (j < 2) rope_pair(v[0], v[1], turn.cs_sn.x, turn.cs_sn.y);
     if (j == 0) {
         st.sl_q[col + d] = v[0], st.sl_q[col + d + 1] = v[1];
+        q_own[d] = v[0], q_own[d + 1] = v[1];
     } else {
         __half *cache = static_cast<__half *>(j == 1 ? st.a.rope.kc : st.a.rope.vc);
         *reinterpret_cast<__half2 *>(cache + (size_t)turn.pos * (p.n_kv_heads * hs) + col + d) = __floats2half2_rn(v[0], v[1]);
     }
-    if (j == 0) q_own[d] = v[0], q_own[d + 1] = v[1];
 }
 
 // The slice's attention (q_own: its q; sm: (warps, 2 + kMkSliceW)).
