@@ -216,9 +216,6 @@ using MkShape128 = MkShape<128, 4, 4>;
 
 struct MkStage {
     int kind;
-    int slice;          // QKV as head slices (mk_slice_qkv): GEMV, the slice's width (its unit: the slice's
-                        // q, k and v rows, kMkSliceW each), 0 if not; ATTENTION: the same, its QKV's
-                        // (next to kind: a field read where every stage's is)
     int units;          // EMBED, GEMV (fixed); ATTENTION and COMBINE: from the position
     int pair, norm;     // GEMV: w1 and w3 with the SwiGLU; RMSNorm folded (a.norm_w)
     Q8Args a;           // GEMV: a.tma_rows rows of one output a unit
@@ -252,13 +249,17 @@ struct MkStage {
     // an x of x_len (mk_split_long_x; else 0 and a.K); the matrix's rows are src_stride bytes and
     // src_groups scales apart (a.stride and a.groups: the stage's own columns)
     int x_off, x_len, src_stride, src_groups;
-    // QKV as head slices (mk_slice_qkv): sl_q: q (n_heads * head size), for the attention stage
+    // QKV as head slices (mk_slice_qkv): slice: GEMV, the slice's width (its unit: the slice's q, k
+    // and v rows, kMkSliceW each), 0 if not; ATTENTION: the same, its QKV's (last: the other
+    // fields at their offsets without it, with which the small shapes measured faster than with
+    // it next to kind; bench/NOTES.md 108). sl_q: q (n_heads * head size), for the attention stage
     // where the step's rows are too many for the slices; sl_out: the attention's output, flagged
     // (its tag: write sl_tag_seq of sl_tag_writes a step); sl_seq: the stage's place among the
     // step's sl_writes sliced stages (the scores' tags, mk_slice_tag).
     float *sl_q;
     uint2 *sl_out;
     int sl_tag_seq, sl_tag_writes, sl_seq, sl_writes;
+    int slice;
 };
 
 // A classifier unit's first largest logit and its index (mk_unit_best).
