@@ -1,7 +1,7 @@
 // megakernel.cuh: a whole decode step (one token) in one persistent kernel (sm_90a), then its
 // host side. The decode path of INT8 models from about 70 MB of weights (engine/dispatch.c);
 // bench/NOTES.md 41, 46, 49, 51, 56, 62, 63, 66, 69, 71, 72, 74, 75, 76, 81, 84, 86, 91, 94, 95, 97,
-// 98, 99, 100, 101, 103, 104, 105 and 108 have each design step and where the time goes.
+// 98, 99, 100, 101, 103, 104, 105, 108 and 109 have each design step and where the time goes.
 //   mega_kernel                     one block per SM: pipes of a producer warp and consumer warps,
 //                                   each pipe taking every kMkPipes-th tile of the block's ring;
 //                                   compiled for any model (MkAnyShape) and, with only the paths
@@ -2411,7 +2411,9 @@ static bool mk_slice_outputs(MkStage *st, int n) {
     return true;
 }
 
-extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
+// The megakernel of a recorded step, its QKV stages in head slices if may_slice and mk_slice_qkv
+// takes them; NULL with the reason in why where it cannot run.
+static GpuMega *mk_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, bool may_slice, char *why) {
     if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuMega *)NULL;
     if (at.head_size > kMaxHeadSize || at.head_size % 2 || at.n_heads % at.n_kv_heads || at.seq_len > kMkMaxChunk * kMaxSplits)
         return snprintf(why, ERR_LEN, "head size %d or context %d", at.head_size, at.seq_len), (GpuMega *)NULL;
@@ -2447,7 +2449,7 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
             }
         }
     }
-    const bool sliced = mk_slice_qkv(host, count, at, blocks);
+    const bool sliced = may_slice && mk_slice_qkv(host, count, at, blocks);
     p.keep_floats = mk_keep_residual(host, count, blocks);
     mk_size_areas(host, count, &p);
     int x_parts = 1;
@@ -2471,12 +2473,12 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     char not_shaped[ERR_LEN];   // (a kernel that fits for the shape or not: the generic one runs the step either way)
     if (mk_takes_shape128(host, count, at) && mk_kernel_fits(mega_kernel<__half, MkShape128>, mg->smem, not_shaped))
         mg->kernel = mega_kernel<__half, MkShape128>, mg->shape = "heads of 128, groups of 128";
-    if (sliced && (!mg->shape || !mk_slice_outputs(host, count))) {   // (mk_slice_qkv takes only what these take)
-        snprintf(why, ERR_LEN, "its QKV stages in head slices need the kernel for heads of 128 and the attention's output flagged");
+    if (sliced && (!mg->shape || !mk_slice_outputs(host, count))) {   // the slices need both: the schedule again without them
         for (int i = 0; i < mg->n_flag_bufs; i++) CUDA_CHECK(cudaFree(mg->flag_bufs[i]));
         if (mg->part_rows) CUDA_CHECK(cudaFree(mg->part_rows));
         CUDA_CHECK(cudaFree(mg->pack));
-        return free(host), free(mg), (GpuMega *)NULL;
+        free(host), free(mg);
+        return mk_create(g, stages, n, at, false, why);
     }
     mg->sliced = sliced;
 #ifdef MK_FREE
@@ -2510,6 +2512,10 @@ extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, M
     for (int s = 0; s < count; s++) mg->kinds[s] = host[s].kind;
     free(host);
     return mg;
+}
+
+extern "C" GpuMega *gpu_mega_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
+    return mk_create(g, stages, n, at, true, why);
 }
 
 #ifdef MK_TRACE

@@ -2198,6 +2198,11 @@ static void test_gpu_random_models(void) {
     mega_shape_expected = "heads of 128, groups of 128, QKV in head slices";
     compare_executors("random model, heads of 128 in slices, dim 2560, int8 gs128", q8, 70, 7, 0);
     compare_executors("random model, heads of 128 in slices, dim 2560, context 300, int8 gs128", q8, 300, 250, 0);
+    // and with groups of 64, which the kernel for heads of 128 does not take: the megakernel's
+    // schedule made again without the slices (mega_expected: it must still run)
+    random_model_files(sliced, 0, 64, 0, fp32, q8, NULL);
+    mega_shape_expected = NULL;
+    compare_executors("random model, heads of 128 not in slices, dim 2560, int8 gs64", q8, 70, 7, 0);
     mega_shape_expected = "heads of 128, groups of 128";
     // the same with a hidden size of 10,000: w2's x (19.5 tiles) too long for the shared memory
     // under the SM's second-largest carveout, so w2 split into 2 stages of 10 and 9.5 tiles of its
