@@ -2,9 +2,10 @@
 // GEMVs on a persistent grid in which every warp owns whole output rows (bench/NOTES.md 109):
 // its rows' weights are loaded into registers before it waits for x, x goes over as flagged
 // words in global memory (a float and its writer's tag in one 8-byte word), a lane loads only
-// the elements of x it multiplies, and nothing on the path waits at a block barrier. The
-// megakernel's stages each cost a block 3-4 us of its own chain on the small shapes (NOTES 67,
-// 69); this measures the chain of this other structure, without its attention and classifier.
+// the elements of x it multiplies, and nothing on the path waits at a block barrier (or, in a
+// second form, x is staged once a block). The megakernel's stages on the small shapes cost
+// their blocks' own chains (NOTES 67, 69); this measures the chain of this other structure,
+// without its attention and classifier, and the hand-overs alone on grids of 8 to all SMs.
 //
 // A layer is five hops: QKV (RMSNorm folded in), a stand-in for the attention (a dim x dim GEMV
 // over q: the hand-over it needs, not its work), the output projection, w1/w3 with SwiGLU
@@ -208,48 +209,47 @@ static int run_shape(Shape s, int sms) {
     CK(cudaMalloc(&dh, hops.size() * sizeof(Hop)));
     CK(cudaMemcpy(dh, hops.data(), hops.size() * sizeof(Hop), cudaMemcpyHostToDevice));
     const int n = (int)hops.size();
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     unsigned epoch = 0;
-    for (int variant = 0; variant < 3; variant++)
-        for (int backoff : {0, 100, 400}) {
-            const bool prefetch = variant != 1, block_x = variant == 2;
-            const int reps = 200;
-            float ms = 0.0f;
-            for (int rep = -20; rep < reps; rep++) {   // 20 unmeasured
-                seed_kernel<<<8, 256>>>(x0, s.dim, epoch);
-                if (rep == 0) CK(cudaEventRecord(e0));
-                if (block_x) hop_kernel<true, true><<<sms, kWarps * 32>>>(dh, n, epoch, backoff);
-                else if (prefetch) hop_kernel<true, false><<<sms, kWarps * 32>>>(dh, n, epoch, backoff);
-                else hop_kernel<false, false><<<sms, kWarps * 32>>>(dh, n, epoch, backoff);
-                CK(cudaGetLastError());
-                epoch += n + 1;
-            }
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double step_us = 1e3 * ms / reps;
-            printf("%-14s %2d layers %3d hops, x %s, weights loaded %s, backoff %3d ns: %7.2f us a step (launch included), "
-                   "%5.2f us a hop, %6.2f us a layer; %.1f MB of weights, %.0f GB/s\n",
-                   s.name, s.layers, n, block_x ? "staged a block" : "polled a warp", prefetch ? "before the wait" : "after it", backoff,
-                   step_us, step_us / n,
-                   step_us / s.layers, bytes / 1e6, bytes / step_us / 1e3);
-        }
-    for (int blocks : {sms, 64, 32, 16, 8}) {
+    // us a step of launch(epoch) (launches each step's kernel), over 200 steps after 20 unmeasured;
+    // the step's x seeded before each
+    auto time_steps = [&](auto launch, double *step_us) -> int {
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
         const int reps = 200;
-        float ms = 0.0f;
         for (int rep = -20; rep < reps; rep++) {
             seed_kernel<<<8, 256>>>(x0, s.dim, epoch);
             if (rep == 0) CK(cudaEventRecord(e0));
-            handover_kernel<<<blocks, kWarps * 32>>>(dh, n, epoch, 0);
+            launch(epoch);
             CK(cudaGetLastError());
             epoch += n + 1;
         }
+        float ms = 0.0f;
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double step_us = 1e3 * ms / reps;
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        *step_us = 1e3 * ms / reps;
+        return 0;
+    };
+    double step_us = 0.0;
+    for (int variant = 0; variant < 3; variant++)
+        for (int backoff : {0, 100, 400}) {
+            const bool prefetch = variant != 1, block_x = variant == 2;
+            auto launch = [&](unsigned ep) {
+                if (block_x) hop_kernel<true, true><<<sms, kWarps * 32>>>(dh, n, ep, backoff);
+                else if (prefetch) hop_kernel<true, false><<<sms, kWarps * 32>>>(dh, n, ep, backoff);
+                else hop_kernel<false, false><<<sms, kWarps * 32>>>(dh, n, ep, backoff);
+            };
+            if (time_steps(launch, &step_us)) return 1;
+            printf("%-14s %2d layers %3d hops, x %s, weights loaded %s, backoff %3d ns: %7.2f us a step (launch included), "
+                   "%5.2f us a hop, %6.2f us a layer; %.1f MB of weights, %.0f GB/s\n",
+                   s.name, s.layers, n, block_x ? "staged a block" : "polled a warp", prefetch ? "before the wait" : "after it", backoff,
+                   step_us, step_us / n, step_us / s.layers, bytes / 1e6, bytes / step_us / 1e3);
+        }
+    for (int blocks : {sms, 64, 32, 16, 8}) {
+        if (time_steps([&](unsigned ep) { handover_kernel<<<blocks, kWarps * 32>>>(dh, n, ep, 0); }, &step_us)) return 1;
         printf("%-14s %2d layers %3d hops, the hand-overs alone (no weights) on %3d blocks: %7.2f us a step, %5.2f us a hop\n", s.name,
                s.layers, n, blocks, step_us, step_us / n);
     }
