@@ -128,10 +128,10 @@ bench/kernel_bench: bench/kernel_bench.cu kernels.o obj/testing.o obj/dispatch.o
 # A standalone measurement of KV-cache read patterns (bench/NOTES.md 70)
 bench/kv_read_probe: bench/kv_read_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/kv_read_probe.cu
-# The integer MMA's latency and throughput (bench/NOTES.md 84)
+# A chain of the whole grid's hand-overs, with and without GEMV work between them (bench/NOTES.md 109)
 bench/hop_probe: bench/hop_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/hop_probe.cu
-
+# The integer MMA's latency and throughput (bench/NOTES.md 84)
 bench/mma_probe: bench/mma_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/mma_probe.cu
 # The weights' stream alone, with and without hand-overs, tiles static or claimed (bench/NOTES.md 91)
