@@ -491,8 +491,7 @@ __global__ void mk_pack_kernel(const MkStage st, unsigned char *dst) {
     const TmaBlock b = mk_unit(st, blockIdx.x);
     const int t = blockIdx.y, gs = st.a.gs;
     if (t >= b.tiles) return;   // the last unit's rows end sooner: records never copied
-    MkRows r = mk_rows(st, b);
-    if (st.slice) r = mk_slice_rows(st, blockIdx.x);
+    const MkRows r = st.slice ? mk_slice_rows(st, blockIdx.x) : mk_rows(st, b);
     unsigned char *rec = dst + mk_record_at(st, blockIdx.x, t);
     const int p0 = t / b.col_tiles * kMkRows, c0 = t % b.col_tiles * kMkCols;
     for (int i = threadIdx.x; i < kMkTileBytes / 16; i += blockDim.x) {
