@@ -1301,25 +1301,45 @@ __device__ void mk_slice_finish(const MkParams &p, const MkStage &st, const TmaB
     }
 }
 
-// The slice's attention (q_own: its q; sm: (warps, 2 + kMkSliceW)).
+// A sliced unit's key and value rows, each thread's of every pass (mk_slice_attention's layout):
+// the rows before the step's loaded as soon as the unit's tiles are done (MK_SLICE_KV_EARLY,
+// default on), so that their loads overlap the rows' finish and its barriers; the step's own row
+// after the finish has stored it (bench/NOTES.md 110).
+#ifndef MK_SLICE_KV_EARLY
+#define MK_SLICE_KV_EARLY 1
+#endif
+struct MkSliceKV {
+    uint4 k[kMkSlicePasses], v[kMkSlicePasses];
+    // rows t of this thread's passes with t < pos (before), t == pos (the step's own) or both
+    __device__ void load(const MkParams &p, const MkStage &st, const TmaBlock &b, int pos, bool before, bool own) {
+        constexpr int W = kMkSliceW;
+        const int hs = p.head_size, u = b.lrow0 / (3 * W), col = u / kMkSliceLanes * hs + u % kMkSliceLanes * W;
+        const int kv_dim = p.n_kv_heads * hs, c = threadIdx.x % 32 % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
+        const __half *kc = static_cast<const __half *>(st.a.rope.kc) + col + 8 * c, *vc = static_cast<const __half *>(st.a.rope.vc) + col + 8 * c;
+#pragma unroll
+        for (int i = 0; i < kMkSlicePasses; i++) {
+            const int t = i * kMkSliceRowsAt + at;
+            if (t < pos ? before : t == pos && own)
+                k[i] = __ldcg(reinterpret_cast<const uint4 *>(kc + (size_t)t * kv_dim)), v[i] = __ldcg(reinterpret_cast<const uint4 *>(vc + (size_t)t * kv_dim));
+        }
+    }
+};
+
+// The slice's attention (q_own: its q; sm: (warps, 2 + kMkSliceW); kv: the rows before the step's, where
+// MK_SLICE_KV_EARLY loaded them).
 // A row t a lane group of kMkSliceLanes lanes in each pass, lane c its dimensions 8c .. 8c + 7, and
 // slice c's part of the row's score from the exchange; every key and value row of the block's
 // passes in flight together. The lanes' running softmaxes are merged by shuffles, then the warps'
 // in shared memory (mk_attention_wide's steps), and the slice's output goes to the output
 // projection flagged.
 __device__ void mk_slice_attention(const MkParams &p, const MkStage &st, const TmaBlock &b, const MkTurn &turn, unsigned epoch,
-                                   const float *q_own, float *sm) {
+                                   const float *q_own, float *sm, MkSliceKV &kv) {
     constexpr int W = kMkSliceW;
     const int hs = p.head_size, u = b.lrow0 / (3 * W), h = u / kMkSliceLanes, sl = u % kMkSliceLanes;
-    const int kv_dim = p.n_kv_heads * hs, col = h * hs + sl * W, pos = turn.pos;
+    const int col = h * hs + sl * W, pos = turn.pos;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = lane % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
-    const __half *kc = static_cast<const __half *>(st.a.rope.kc) + col + 8 * c, *vc = static_cast<const __half *>(st.a.rope.vc) + col + 8 * c;
-    uint4 k[kMkSlicePasses], v[kMkSlicePasses];
-#pragma unroll
-    for (int i = 0; i < kMkSlicePasses; i++) {   // the step's row too: its writes are the block's own, before the barrier
-        const size_t t = i * kMkSliceRowsAt + at;
-        if ((int)t <= pos) k[i] = __ldcg(reinterpret_cast<const uint4 *>(kc + t * kv_dim)), v[i] = __ldcg(reinterpret_cast<const uint4 *>(vc + t * kv_dim));
-    }
+    kv.load(p, st, b, pos, !MK_SLICE_KV_EARLY, true);   // the step's row: its writes are the block's own, before the barrier
+    const uint4 *k = kv.k, *v = kv.v;
     float q[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) q[j] = q_own[8 * c + j];
@@ -1420,22 +1440,22 @@ __device__ void mk_slice_attention(const MkParams &p, const MkStage &st, const T
 
 // A sliced unit after its tile loop (scratch: the stage's x area, which its tiles no longer read).
 __device__ void mk_slice_unit(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms, const MkTurn &turn,
-                              unsigned epoch, float *scratch) {
+                              unsigned epoch, float *scratch, MkSliceKV &kv) {
     float *q_own = scratch, *sm = scratch + kMkSliceW;
     mk_slice_finish(p, st, b, sums, inv_rms, turn, q_own);
     if (!mk_slice_now(turn.pos)) return;
     consumer_sync();   // q_own, and the caches' row at the step's position
-    mk_slice_attention(p, st, b, turn, epoch, q_own, sm);
+    mk_slice_attention(p, st, b, turn, epoch, q_own, sm, kv);
 }
 
 // Whether unit b of stage st was sliced and so finished by mk_slice_unit (the branch is left out of
 // the any-shape kernel, whose code even a branch never taken makes slower).
 template <typename Shape>
 __device__ __forceinline__ bool mk_slice_finished(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms,
-                                                  const MkTurn &turn, unsigned epoch, const MkX &xs) {
+                                                  const MkTurn &turn, unsigned epoch, const MkX &xs, MkSliceKV &kv) {
     if constexpr (Shape::hs > 0) {
         if (!st.slice) return false;
-        mk_slice_unit(p, st, b, sums, inv_rms, turn, epoch, reinterpret_cast<float *>(xs.d));
+        mk_slice_unit(p, st, b, sums, inv_rms, turn, epoch, reinterpret_cast<float *>(xs.d), kv);
         return true;
     }
     return false;
@@ -1466,6 +1486,9 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
         consumer_sync();
         wc.started();
         mk_unit_tiles_gs<Shape>(group_steps, p, l, b, at, wc);
+        MkSliceKV kv;   // (a sliced unit's, in the kernel compiled for Shape)
+        if constexpr (Shape::hs > 0)
+            if (MK_SLICE_KV_EARLY && st.slice && mk_slice_now(turn.pos)) kv.load(p, st, b, turn.pos, true, false);
         consumer_sync();   // sums complete
         wc.ended();
         wc.add(p, stage);
@@ -1477,7 +1500,7 @@ __device__ void mk_linear(const MkParams &p, const MkStage &st, MkRing &at, unsi
                            mk_tag(epoch, st.ll_writes_out, st.ll_seq_prev));
         else if (st.ll_out)
             mk_finish_flagged(st, b, sums, inv_rms, mk_tag(epoch, st.ll_writes_out, st.ll_seq_out));
-        else if (!mk_slice_finished<Shape>(p, st, b, sums, inv_rms, turn, epoch, l.xs))
+        else if (!mk_slice_finished<Shape>(p, st, b, sums, inv_rms, turn, epoch, l.xs, kv))
             finish_block_rows(st.a, st.a.out[b.j], b, sums, kMkConsumerWarps, kMkConsumers, inv_rms, pair, turn.of(st, b), turn.cs_sn,
                               turn.pos);
 #else
