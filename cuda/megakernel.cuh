@@ -1278,13 +1278,21 @@ __device__ __forceinline__ void mk_store_score(uint2 *at, float v, unsigned tag)
     asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(w) : "memory");
 }
 
+// The first of a sliced unit's kMkSliceW dimensions in q (and in its head's kv head: its own) and
+// the unit's index (b.lrow0: the unit's first of 3 kMkSliceW rows).
+__device__ __forceinline__ int mk_slice_col(const MkParams &p, const TmaBlock &b, int *unit = nullptr) {
+    const int u = b.lrow0 / (3 * kMkSliceW);
+    if (unit) *unit = u;
+    return u / kMkSliceLanes * p.head_size + u % kMkSliceLanes * kMkSliceW;
+}
+
 // The unit's rows finished (thread i < 3 kMkSliceW / 2: rows 2i and 2i + 1, of q, k or v; as
 // store_rows): q into st.sl_q and q_own (kMkSliceW), k and v into the caches at the step's position.
 __device__ void mk_slice_finish(const MkParams &p, const MkStage &st, const TmaBlock &b, const float *sums, float inv_rms,
                                 const MkTurn &turn, float *q_own) {
     constexpr int W = kMkSliceW;
     if (threadIdx.x >= 3 * W / 2) return;
-    const int hs = p.head_size, u = b.lrow0 / (3 * W), col = u / kMkSliceLanes * hs + u % kMkSliceLanes * W;
+    const int hs = p.head_size, col = mk_slice_col(p, b);
     const int r = 2 * threadIdx.x, j = r / W, d = r % W;
     float v[2];
 #pragma unroll
@@ -1312,9 +1320,7 @@ struct MkSliceKV {
     uint4 k[kMkSlicePasses], v[kMkSlicePasses];
     // rows t of this thread's passes with t < pos (before), t == pos (the step's own) or both
     __device__ void load(const MkParams &p, const MkStage &st, const TmaBlock &b, int pos, bool before, bool own) {
-        constexpr int W = kMkSliceW;
-        const int hs = p.head_size, u = b.lrow0 / (3 * W), col = u / kMkSliceLanes * hs + u % kMkSliceLanes * W;
-        const int kv_dim = p.n_kv_heads * hs, c = threadIdx.x % 32 % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
+        const int col = mk_slice_col(p, b), kv_dim = p.n_kv_heads * p.head_size, c = threadIdx.x % 32 % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
         const __half *kc = static_cast<const __half *>(st.a.rope.kc) + col + 8 * c, *vc = static_cast<const __half *>(st.a.rope.vc) + col + 8 * c;
 #pragma unroll
         for (int i = 0; i < kMkSlicePasses; i++) {
@@ -1335,8 +1341,8 @@ struct MkSliceKV {
 __device__ void mk_slice_attention(const MkParams &p, const MkStage &st, const TmaBlock &b, const MkTurn &turn, unsigned epoch,
                                    const float *q_own, float *sm, MkSliceKV &kv) {
     constexpr int W = kMkSliceW;
-    const int hs = p.head_size, u = b.lrow0 / (3 * W), h = u / kMkSliceLanes, sl = u % kMkSliceLanes;
-    const int col = h * hs + sl * W, pos = turn.pos;
+    int u;
+    const int col = mk_slice_col(p, b, &u), hs = p.head_size, h = u / kMkSliceLanes, sl = u % kMkSliceLanes, pos = turn.pos;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, c = lane % kMkSliceLanes, at = threadIdx.x / kMkSliceLanes;
     kv.load(p, st, b, pos, !MK_SLICE_KV_EARLY, true);   // the step's row: its writes are the block's own, before the barrier
     const uint4 *k = kv.k, *v = kv.v;
