@@ -1,0 +1,877 @@
+// bench/cluster_probe.cu: how fast a small model's whole decode step could go with its layers on
+// one thread-block cluster of 16 SMs, the activations handed over in distributed shared memory,
+// and its classifier on the other SMs (bench/NOTES.md 111).
+// The megakernel's stages cost a block 3-4 us of its own chain on the small shapes, wherever the
+// hand-over goes (NOTES 67, 69, 109); this is another structure, written to be short:
+// - layers_kernel, one cluster of 16 blocks: every block keeps the whole activation vector a hop
+//   reads in its own shared memory; a hop's writers store each output into all 16 blocks' copies
+//   (st.shared::cluster) and then arrive on each block's mbarrier (release at cluster scope); a
+//   hop starts with one wait on the block's own barrier, and no L2 access is on the chain;
+// - a block's weights, norm weights and the attention's earlier key and value rows (none of which
+//   depend on the step's activations) stream in the hops' order through a ring of 16 KB slots by
+//   bulk copies from one producer warp, which never waits for an activation;
+// - x is split into three int8 digits a group of 128 once a hop by each block (x to within about
+//   1e-7 of its group's largest element, as the megakernel's MkX), a lane keeps its columns'
+//   digits in registers, a row costs 12 dp4a a 16 columns, and a warp sums 8 rows at once (9
+//   shuffles for the 8);
+// - RMSNorm, RoPE, the KV store, SwiGLU and the residual adds are in the hops' epilogues;
+// - classifier_kernel, on the other SMs, launched as the layers' programmatic dependent: its
+//   blocks copy their rows of the classifier into shared memory while the layers run, wait for
+//   them (griddepcontrol.wait), and take the logits and the greedy argmax (one 64-bit atomicMax a
+//   block); the next step's layers_kernel is its dependent in turn, streams its first weights
+//   while the classifier runs and reads the token and its embedding row once it has finished.
+// A layer is five hops: QKV, the attention (a block a head, its earlier rows from the ring), the
+// output projection, w1/w3, w2. Every position is the same one (the step's key and value rows
+// are written over at each step). The first steps are checked against a reference of the same
+// arithmetic on the host (logits, relative L2, and the greedy token); then 200 steps are timed
+// (events, the launches included) and the last step's hops by block 0's %globaltimer.
+// make bench/cluster_probe && ./bench/cluster_probe [position]
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <vector>
+#include <algorithm>
+#include <cuda_fp16.h>
+
+#include "probe.h"   // CK
+
+namespace {
+
+constexpr int kCMost = 16, kWarps = 8, kConsumers = 32 * kWarps, kThreads = kConsumers + 32;
+constexpr int kSlotBytes = 16384, kSlots = 12, kGroup = 128;
+constexpr int kMaxDim = 1024, kMaxX = 1536, kMaxPos = 512, kMaxHops = 160;
+constexpr int kChunksMost = kMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
+constexpr int kPreloadMost = 200 * 1024;       // a classifier block's rows held in shared memory
+constexpr long long kHang = 4000000000ll;      // cycles a wait may take before the probe gives up
+
+enum { HOP_QKV, HOP_ATTN, HOP_RESID, HOP_SWIGLU };
+// A hop: a linear layer's rows (each a record of the row's int8 weights padded to 16 bytes, then
+// its FP32 scales, padded to 16 bytes) split over the blocks, or the attention (a block a head).
+struct Hop {
+    int kind, K, rows, rec, rows_per_block, rows_per_piece, norm, layer;
+    const unsigned char *w;     // the rows' records
+    const float *gamma;         // the norm's weights, or null
+    int first[kCMost], count[kCMost];   // each block's pieces of the hop, in the ring's order
+};
+__constant__ Hop c_hops[kMaxHops];
+
+struct Params {
+    int n_hops, step, cluster;   // cluster: the blocks of the cluster (at most kCMost)
+    int dim, kvd, hidden, heads, kv_heads, hs, pos, seq, vocab;
+    const float *embedding;            // (vocab, dim)
+    unsigned long long *best;          // [2]: step s's classifier's argmax key in best[s & 1]
+    float *out;                        // the last residual stream (dim), the classifier's x
+    __half *kcache, *vcache;           // a layer's: (kv heads, seq, hs)
+    unsigned long long *stamps;        // block 0's: the first hop's start, each hop's, the end
+};
+struct ClsParams {
+    int dim, vocab, rec, rows_per_block, step;
+    const unsigned char *w;            // the classifier's records
+    const float *gamma, *x;            // the final norm's weights; x: Params::out
+    float *logits;
+    unsigned long long *best;
+};
+
+// layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads one
+// and writes the other, or the residual), x's digits, and scratch.
+struct Smem {
+    unsigned char ring[kSlots][kSlotBytes];
+    float res[kMaxDim];
+    float xb[2][kMaxX];
+    uint32_t digits[3][kMaxX / 4];
+    float u[kMaxX / kGroup], ss[kMaxX / kGroup];
+    float scores[kMaxPos + 1];
+    float part[4 * 128];
+    float red[2][kWarps];
+    unsigned long long full[kSlots], empty[kSlots], xbar[2];
+};
+// classifier_kernel's: its rows, the norm's weights, x and its digits.
+struct ClsSmem {
+    unsigned char rows[kPreloadMost];
+    float gamma[kMaxDim], x[kMaxDim];
+    uint32_t digits[3][kMaxX / 4];
+    float u[kMaxX / kGroup], ss[kMaxX / kGroup];
+    unsigned long long best[kWarps];
+    unsigned long long landed;
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void bar_init(uint32_t a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory"); }
+__device__ __forceinline__ void bar_expect(uint32_t a, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool bar_try(uint32_t a, int parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ bool bar_try_cluster(uint32_t a, int parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    return done;
+}
+// A wait that gives up (the kernel traps, the probe reports the launch's error) instead of hanging.
+__device__ __noinline__ void hung(int where) {
+    printf("cluster_probe: block %d thread %d waited too long at %d\n", blockIdx.x, threadIdx.x, where);
+    __trap();
+}
+__device__ __forceinline__ void bar_wait(uint32_t a, int parity, int where) {
+    const long long t0 = clock64();
+    while (!bar_try(a, parity))
+        if (clock64() - t0 > kHang) hung(where);
+}
+__device__ __forceinline__ void bar_wait_cluster(uint32_t a, int parity) {
+    const long long t0 = clock64();
+    while (!bar_try_cluster(a, parity))
+        if (clock64() - t0 > kHang) hung(-1);
+}
+__device__ __forceinline__ uint32_t remote(uint32_t a, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void store_remote(uint32_t a, float v) { asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory"); }
+__device__ __forceinline__ void arrive_remote(uint32_t a) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void copy_bulk(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes),
+                 "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void cluster_sync() { asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ int cluster_rank() {
+    int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// The greedy argmax's key: larger logits larger keys, and of equal logits the first index.
+__device__ __forceinline__ unsigned long long best_key(float v, int i) {
+    const unsigned b = __float_as_uint(v), ordered = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return (unsigned long long)ordered << 32 | (0xffffffffu - (unsigned)i);
+}
+__host__ __device__ inline int token_of(unsigned long long key) { return (int)(0xffffffffu - (unsigned)key); }
+
+// The ring as the consumers walk it: piece i in slot i % kSlots, phase i / kSlots.
+struct Ring {
+    Smem *s;
+    int base;   // the block's first piece of the hop
+    __device__ unsigned char *wait(int i) const {
+        const int n = base + i;
+        bar_wait(saddr(&s->full[n % kSlots]), (n / kSlots) & 1, n);
+        return s->ring[n % kSlots];
+    }
+    __device__ void release(int i) const {   // by one lane a warp
+        bar_arrive(saddr(&s->empty[(base + i) % kSlots]));
+    }
+};
+
+// The block's pieces in the hops' order, from the hops' records (constant memory: no load of a
+// piece's address on the producer's path): a linear hop's norm weights, then its rows a slot at a
+// time; the attention's key rows, then value rows, of each of its heads.
+__device__ void produce(const Params &p, Smem *s, int rank) {
+    if (threadIdx.x % 32) return;
+    int n = 0;
+    auto put = [&](const void *src, int bytes) {
+        const int slot = n % kSlots, round = n / kSlots;
+        if (round > 0) bar_wait(saddr(&s->empty[slot]), (round - 1) & 1, 100000 + n);
+        bar_expect(saddr(&s->full[slot]), bytes);
+        copy_bulk(saddr(s->ring[slot]), src, bytes, saddr(&s->full[slot]));
+        n++;
+    };
+    const int per = kSlotBytes / (2 * p.hs), kp = (p.pos + per - 1) / per;
+    const size_t layer_cache = (size_t)p.kv_heads * p.seq * p.hs;
+    for (int i = 0; i < p.n_hops; i++) {
+        const Hop &h = c_hops[i];
+        if (h.kind == HOP_ATTN) {
+            for (int head = rank; head < p.heads; head += p.cluster) {
+                const int kvh = head / (p.heads / p.kv_heads);
+                for (int c = 0; c < 2; c++) {
+                    const __half *cache = (c ? p.vcache : p.kcache) + h.layer * layer_cache + (size_t)kvh * p.seq * p.hs;
+                    for (int j = 0; j < kp; j++) put(cache + (size_t)j * per * p.hs, min(per, p.pos - j * per) * 2 * p.hs);
+                }
+            }
+        } else {
+            if (h.norm) put(h.gamma, 4 * h.K);
+            const int row0 = rank * h.rows_per_block, mine = max(0, min(h.rows_per_block, h.rows - row0));
+            for (int r = 0; r < mine; r += h.rows_per_piece) put(h.w + (size_t)(row0 + r) * h.rec, min(h.rows_per_piece, mine - r) * h.rec);
+        }
+    }
+}
+
+// x (K elements) as three int8 digits a group of 128 (digits[plane][k / 4], four a word), a warp
+// a group, each group's step in u; returns the norm's inverse RMS to every consumer (1 without a
+// norm: gamma null). Ends with the consumers' barrier.
+__device__ float stage_digits(uint32_t (*digits)[kMaxX / 4], float *u, float *ss_out, const float *x, int K, const float *gamma) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kGroup - 1) / kGroup;
+    for (int g = warp; g < G; g += kWarps) {
+        float v[4], ss = 0.0f, m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = g * kGroup + 4 * lane + i;
+            const float xk = k < K ? x[k] : 0.0f;
+            ss += xk * xk;
+            v[i] = gamma && k < K ? xk * gamma[k] : xk;
+            m = fmaxf(m, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
+        const float step = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / step;
+        uint32_t d[3] = {0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float r = v[i] * inv;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
+                d[pl] |= (uint32_t)((int)q & 0xff) << (8 * i);
+                r = (r - q) * 254.0f;
+            }
+        }
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
+        if (lane == 0) u[g] = step, ss_out[g] = ss;
+    }
+    consumers_sync();
+    if (!gamma) return 1.0f;
+    float ss = 0.0f;
+    for (int g = 0; g < G; g++) ss += ss_out[g];
+    return rsqrtf(ss / K + 1e-5f);
+}
+
+// This lane's chunks of x (16 columns each: lane, lane + 32, ...): their digits and steps.
+struct LaneX {
+    uint4 d[kChunksMost][3];
+    float u[kChunksMost];
+    int chunks;
+    __device__ void load(const uint32_t (*digits)[kMaxX / 4], const float *u_of, int K) {
+        const int lane = threadIdx.x % 32;
+        chunks = (K + 15) / 16;
+#pragma unroll
+        for (int j = 0; j < kChunksMost; j++) {
+            const int c = lane + 32 * j;
+            u[j] = c < chunks ? u_of[c / 8] : 0.0f;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
+        }
+    }
+};
+
+__device__ __forceinline__ int dot4(uint4 w, uint4 d) {
+    int a = __dp4a((int)w.x, (int)d.x, 0);
+    a = __dp4a((int)w.y, (int)d.y, a);
+    a = __dp4a((int)w.z, (int)d.z, a);
+    return __dp4a((int)w.w, (int)d.w, a);
+}
+
+// This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
+// shared or global memory) into acc.
+__device__ __forceinline__ void rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
+    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        acc[r] = 0.0f;
+        if (r >= n) continue;
+        const unsigned char *at = first + (size_t)r * rec;
+        const float *scale = reinterpret_cast<const float *>(at + scales_at);
+#pragma unroll
+        for (int j = 0; j < kChunksMost; j++) {
+            const int c = lane + 32 * j;
+            if (c >= x.chunks) continue;
+            const uint4 w = reinterpret_cast<const uint4 *>(at)[c];
+            const float sum = (float)dot4(w, x.d[j][0]) + (float)dot4(w, x.d[j][1]) * (1.0f / 254.0f) +
+                              (float)dot4(w, x.d[j][2]) * (1.0f / (254.0f * 254.0f));
+            acc[r] += scale[c / 8] * x.u[j] * sum;
+        }
+    }
+}
+
+// Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
+__device__ __forceinline__ float sum8(const float acc[8]) {
+    const int lane = threadIdx.x % 32;
+    float a4[4], a2[2];
+    const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float keep = b16 ? acc[i + 4] : acc[i], send = b16 ? acc[i] : acc[i + 4];
+        a4[i] = keep + __shfl_xor_sync(~0u, send, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float keep = b8 ? a4[i + 2] : a4[i], send = b8 ? a4[i] : a4[i + 2];
+        a2[i] = keep + __shfl_xor_sync(~0u, send, 8);
+    }
+    float v = (b4 ? a2[1] : a2[0]) + __shfl_xor_sync(~0u, b4 ? a2[0] : a2[1], 4);
+    v += __shfl_xor_sync(~0u, v, 2);
+    return v + __shfl_xor_sync(~0u, v, 1);
+}
+
+// A linear hop's rows of this block. Output o of the hop goes to every block's dst[o] (dst: the
+// next x buffer, or the residual stream), each block's copy written by lane `rank` of a warp.
+__device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, const float *x, float *dst, int layer) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const Ring ring = {s, h.first[rank]};
+    int piece = 0;
+    const float *gamma = nullptr;
+    if (h.norm) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
+    const float inv_rms = stage_digits(s->digits, s->u, s->ss, x, h.K, gamma);
+    if (h.norm && lane == 0) ring.release(0);
+    LaneX lx;
+    lx.load(s->digits, s->u, h.K);
+    const int row0 = rank * h.rows_per_block, mine = max(0, min(h.rows_per_block, h.rows - row0));
+    const uint32_t dst_at = saddr(dst);
+    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
+        const unsigned char *bytes = ring.wait(piece);
+        const int in_piece = min(h.rows_per_piece, mine - r0);
+        for (int b = 8 * warp; b < in_piece; b += 8 * kWarps) {   // 8 rows a warp at once
+            float acc[8];
+            rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            const float v = sum8(acc) * inv_rms;
+            const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's v is
+            const bool valid = b + r < in_piece;
+            const float other = __shfl_xor_sync(~0u, v, 4);     // the pair's other row (rows 8-aligned)
+            float out = v;
+            if (h.kind == HOP_SWIGLU) {
+                out = (r & 1) ? 0.0f : v / (1.0f + __expf(-v)) * other;
+            } else if (h.kind == HOP_RESID) {
+                out = valid ? s->res[row] + v : 0.0f;
+            } else if (h.kind == HOP_QKV && row < p.dim + p.kvd) {   // RoPE on q and k
+                const int j = (row < p.dim ? row : row - p.dim) % p.hs, i = j & ~1;
+                float sn, cs;
+                sincosf(p.pos * powf(10000.0f, -(float)i / p.hs), &sn, &cs);
+                out = (r & 1) ? other * sn + v * cs : v * cs - other * sn;
+            }
+            if (h.kind == HOP_QKV && valid && row >= p.dim && lane % 4 == 0) {   // the KV store
+                const int e = row - p.dim, is_v = e >= p.kvd, c = is_v ? e - p.kvd : e;
+                __half *cache = (is_v ? p.vcache : p.kcache) + (size_t)layer * p.kv_heads * p.seq * p.hs;
+                cache[((size_t)(c / p.hs) * p.seq + p.pos) * p.hs + c % p.hs] = __float2half(out);
+            }
+            // lane `rank` of the warp stores the 8 rows into block `rank`'s copy
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float o = __shfl_sync(~0u, out, 4 * q);
+                const int orow = row0 + r0 + b + q;
+                if (lane < p.cluster && b + q < in_piece) {
+                    if (h.kind != HOP_SWIGLU) store_remote(remote(dst_at + 4 * orow, lane), o);
+                    else if (!(q & 1)) store_remote(remote(dst_at + 4 * (orow / 2), lane), o);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) ring.release(piece);
+    }
+}
+
+// The attention of the block's heads: q, k and v of the step in x (q, then k, then v), the
+// earlier rows of the head's kv head from the ring (its key rows' pieces, then its value rows').
+__device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, const float *x, float *dst) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per = kSlotBytes / (2 * p.hs), P = p.pos;
+    const int kp = (P + per - 1) / per;
+    const Ring ring = {s, h.first[rank]};
+    const uint32_t dst_at = saddr(dst);
+    const float scale = rsqrtf((float)p.hs);
+    for (int head = rank, nth = 0; head < p.heads; head += p.cluster, nth++) {
+        const int kvh = head / (p.heads / p.kv_heads), base = 2 * kp * nth;
+        const float *q = x + head * p.hs;
+        // scores: a thread a position (the step's own from x)
+        float m = -INFINITY;
+        for (int t = threadIdx.x; t <= P; t += kConsumers) {
+            float sc = 0.0f;
+            if (t < P) {
+                const __half2 *k = reinterpret_cast<const __half2 *>(ring.wait(base + t / per) + (size_t)(t % per) * 2 * p.hs);
+                for (int i = 0; i < p.hs / 2; i++) {
+                    const float2 kf = __half22float2(k[i]);
+                    sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
+                }
+            } else {
+                const float *k = x + p.dim + kvh * p.hs;
+                for (int i = 0; i < p.hs; i++) sc += q[i] * k[i];
+            }
+            sc *= scale;
+            s->scores[t] = sc;
+            m = fmaxf(m, sc);
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+        if (lane == 0) s->red[0][warp] = m;
+        consumers_sync();
+        m = s->red[0][0];
+        for (int w = 1; w < kWarps; w++) m = fmaxf(m, s->red[0][w]);
+        if (lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + i);
+        float sum = 0.0f;
+        for (int t = threadIdx.x; t <= P; t += kConsumers) {
+            const float e = __expf(s->scores[t] - m);
+            s->scores[t] = e;
+            sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+        if (lane == 0) s->red[1][warp] = sum;
+        consumers_sync();
+        sum = 0.0f;
+        for (int w = 0; w < kWarps; w++) sum += s->red[1][w];
+        // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
+        for (int e = threadIdx.x; e < 4 * p.hs; e += kConsumers) {
+            const int d = e % p.hs, part = e / p.hs;
+            float a = 0.0f;
+            for (int t = part; t < P; t += 4) {
+                const __half *v = reinterpret_cast<const __half *>(ring.wait(base + kp + t / per) + (size_t)(t % per) * 2 * p.hs);
+                a += s->scores[t] * __half2float(v[d]);
+            }
+            if (part == 0) a += s->scores[P] * x[p.dim + p.kvd + kvh * p.hs + d];
+            s->part[e] = a;
+        }
+        consumers_sync();
+        if (lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + kp + i);
+        for (int d = warp; d < p.hs; d += kWarps) {
+            const float o = (s->part[d] + s->part[p.hs + d] + s->part[2 * p.hs + d] + s->part[3 * p.hs + d]) / sum;
+            if (lane < p.cluster) store_remote(remote(dst_at + 4 * (head * p.hs + d), lane), o);
+        }
+        consumers_sync();   // part and scores free for the next head
+    }
+}
+
+// The step's token (the step before's classifier's argmax) and its embedding row into the
+// residual stream; the argmax key this step's classifier takes set to its least.
+__device__ void embed(const Params &p, Smem *s) {
+    const unsigned long long key = __ldcg(p.best + ((p.step + 1) & 1));
+    const int token = min(max(token_of(key), 0), p.vocab - 1);   // (a wrong key reads a wrong row, not past the table)
+    const float *row = p.embedding + (size_t)token * p.dim;
+    for (int i = threadIdx.x; i < p.dim; i += kConsumers) s->res[i] = __ldcg(row + i);
+    if (threadIdx.x == 0 && cluster_rank() == 0) p.best[p.step & 1] = 0ull;
+    consumers_sync();
+}
+
+__global__ void __launch_bounds__(kThreads, 1) layers_kernel(const Params p) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    Smem *s = reinterpret_cast<Smem *>(smem_raw);
+    const int rank = cluster_rank();
+    pdl_release();   // the classifier's blocks may start copying their rows
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < kSlots; i++) bar_init(saddr(&s->full[i]), 1), bar_init(saddr(&s->empty[i]), kWarps);
+        for (int i = 0; i < 2; i++) bar_init(saddr(&s->xbar[i]), p.cluster * kWarps);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    cluster_sync();   // every block's barriers initialised before any arrives on them
+    if (threadIdx.x >= kConsumers) {
+        produce(p, s, rank);   // weights only: no wait for the kernel before
+    } else {
+        pdl_wait();   // the step before's classifier: the token
+        embed(p, s);
+        const int lane = threadIdx.x % 32;
+        unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
+        const bool stamp = rank == 0 && threadIdx.x == 0;
+        if (stamp) p.stamps[0] = now();
+        for (int i = 0, layer = 0; i < p.n_hops; i++) {
+            const Hop &h = c_hops[i];
+            if (i > 0) {
+                bar_wait_cluster(saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
+                phases ^= 1u << (i & 1);
+            }
+            if (stamp) p.stamps[1 + i] = now();
+            const float *x = h.kind == HOP_QKV || h.kind == HOP_SWIGLU ? s->res : s->xb[i & 1];
+            float *dst = h.kind == HOP_RESID ? s->res : s->xb[(i + 1) & 1];
+            if (h.kind == HOP_ATTN) attention_hop(p, s, h, rank, x, dst);
+            else linear_hop(p, s, h, rank, x, dst, layer);
+            layer += h.kind == HOP_SWIGLU;
+            __syncwarp();
+            if (lane < p.cluster) arrive_remote(remote(saddr(&s->xbar[(i + 1) & 1]), lane));
+        }
+        bar_wait_cluster(saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
+        if (stamp) p.stamps[1 + p.n_hops] = now();
+        if (rank == 0)
+            for (int i = threadIdx.x; i < p.dim; i += kConsumers) p.out[i] = s->res[i];
+    }
+    __syncwarp();
+    cluster_sync();   // no block leaves while another may still write its shared memory
+}
+
+// The classifier on the SMs the layers leave: a block's rows copied in while the layers run
+// (those past kPreloadMost read from global memory after the wait), then the final norm, the
+// logits and the block's argmax into the step's key.
+__global__ void __launch_bounds__(kConsumers, 1) classifier_kernel(const ClsParams c) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    ClsSmem *s = reinterpret_cast<ClsSmem *>(smem_raw);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
+    const int held = min(mine, kPreloadMost / c.rec & ~7);   // (a batch of 8 rows all held or none)
+    if (threadIdx.x == 0) {
+        bar_init(saddr(&s->landed), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        bar_expect(saddr(&s->landed), held * c.rec + 4 * c.dim);
+        copy_bulk(saddr(s->gamma), c.gamma, 4 * c.dim, saddr(&s->landed));
+        for (int at = 0; at < held * c.rec; at += 32768)
+            copy_bulk(saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), saddr(&s->landed));
+    }
+    pdl_release();   // the next step's layers may start streaming
+    pdl_wait();      // the layers: x
+    __syncthreads();   // the barrier initialised
+    bar_wait(saddr(&s->landed), 0, -2);
+    for (int i = threadIdx.x; i < c.dim; i += kConsumers) s->x[i] = __ldcg(c.x + i);   // the layers' last residual stream
+    __syncthreads();
+    const float inv_rms = stage_digits(s->digits, s->u, s->ss, s->x, c.dim, s->gamma);
+    LaneX lx;
+    lx.load(s->digits, s->u, c.dim);
+    unsigned long long best = 0;
+    for (int b = 8 * warp; b < mine; b += 8 * kWarps) {
+        const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
+        float acc[8];
+        rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
+        const float v = sum8(acc) * inv_rms;
+        const int row = b + lane / 4;
+        if (lane % 4 == 0 && row < mine) {
+            c.logits[row0 + row] = v;
+            best = max(best, best_key(v, row0 + row));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
+    if (lane == 0) s->best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kWarps; w++) best = max(best, s->best[w]);
+        atomicMax(c.best + (c.step & 1), best);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host: the model's shapes, random weights, the reference, the timing.
+
+struct Shape {
+    const char *name;
+    int dim, hidden, layers, heads, kv_heads, vocab;
+};
+
+struct HostMat {   // rows x K int8 with a scale a group of 128, and its device records
+    int rows, K, G, rec;
+    std::vector<int8_t> w;
+    std::vector<float> scale;
+    unsigned char *dev = nullptr;
+};
+
+static uint32_t rng = 12345u;
+static float frand() {   // uniform in [-1, 1)
+    rng = rng * 1664525u + 1013904223u;
+    return (rng >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+static std::vector<void *> owned;   // device buffers, freed at the end
+template <typename T>
+static int dev_copy(T **d, const T *h, size_t n) {
+    CK(cudaMalloc(d, n * sizeof(T)));
+    owned.push_back(*d);
+    if (h) CK(cudaMemcpy(*d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+static int make_mat(HostMat &m, int rows, int K, float gain) {
+    m.rows = rows, m.K = K, m.G = (K + kGroup - 1) / kGroup;
+    m.rec = ((K + 15) & ~15) + ((4 * m.G + 15) & ~15);
+    m.w.resize((size_t)rows * K), m.scale.resize((size_t)rows * m.G);
+    for (auto &v : m.w) v = (int8_t)lrintf(127.0f * frand());
+    for (auto &v : m.scale) v = gain / (127.0f * sqrtf((float)K)) * (1.0f + 0.25f * frand());
+    std::vector<unsigned char> recs((size_t)rows * m.rec, 0);
+    for (int r = 0; r < rows; r++) {
+        memcpy(&recs[(size_t)r * m.rec], &m.w[(size_t)r * K], K);
+        memcpy(&recs[(size_t)r * m.rec + ((K + 15) & ~15)], &m.scale[(size_t)r * m.G], 4 * m.G);
+    }
+    return dev_copy(&m.dev, recs.data(), recs.size());
+}
+static void ref_matvec(const HostMat &m, const std::vector<float> &x, std::vector<float> &y) {
+    y.assign(m.rows, 0.0f);
+    for (int r = 0; r < m.rows; r++) {
+        double a = 0.0;
+        for (int k = 0; k < m.K; k++) a += (double)m.w[(size_t)r * m.K + k] * m.scale[(size_t)r * m.G + k / kGroup] * x[k];
+        y[r] = (float)a;
+    }
+}
+static void rms(const std::vector<float> &x, const std::vector<float> &g, std::vector<float> &y) {
+    double ss = 0.0;
+    for (float v : x) ss += (double)v * v;
+    const float inv = 1.0f / sqrtf((float)(ss / x.size()) + 1e-5f);
+    y.resize(x.size());
+    for (size_t i = 0; i < x.size(); i++) y[i] = x[i] * inv * g[i];
+}
+static std::vector<float> random_vec(size_t n, float base, float spread) {
+    std::vector<float> v(n);
+    for (auto &e : v) e = base + spread * frand();
+    return v;
+}
+
+struct Layer {
+    HostMat qkv, wo, w13, w2;   // w13: rows 2i (w1) and 2i + 1 (w3) interleaved
+    std::vector<float> g_att, g_ffn;
+    float *d_g_att = nullptr, *d_g_ffn = nullptr;
+};
+struct Model {
+    Shape sh;
+    int hs, kvd, pos, seq;
+    std::vector<Layer> layers;
+    HostMat cls;
+    std::vector<float> g_final, embedding;
+    std::vector<__half> kc, vc;   // (layers, kv heads, seq, hs)
+    size_t layer_cache;
+};
+
+static int make_model(Model &m, const Shape &sh, int pos) {
+    m.sh = sh, m.hs = sh.dim / sh.heads, m.kvd = m.hs * sh.kv_heads, m.pos = pos, m.seq = pos + 1;
+    m.layers.resize(sh.layers);
+    for (auto &l : m.layers) {
+        if (make_mat(l.qkv, sh.dim + 2 * m.kvd, sh.dim, 1.0f) || make_mat(l.wo, sh.dim, sh.dim, 0.5f) ||
+            make_mat(l.w13, 2 * sh.hidden, sh.dim, 1.0f) || make_mat(l.w2, sh.dim, sh.hidden, 0.5f))
+            return 1;
+        l.g_att = random_vec(sh.dim, 1.0f, 0.2f), l.g_ffn = random_vec(sh.dim, 1.0f, 0.2f);
+        if (dev_copy(&l.d_g_att, l.g_att.data(), sh.dim) || dev_copy(&l.d_g_ffn, l.g_ffn.data(), sh.dim)) return 1;
+    }
+    if (make_mat(m.cls, sh.vocab, sh.dim, 4.0f)) return 1;
+    m.g_final = random_vec(sh.dim, 1.0f, 0.2f), m.embedding = random_vec((size_t)sh.vocab * sh.dim, 0.0f, 1.0f);
+    m.layer_cache = (size_t)sh.kv_heads * m.seq * m.hs;
+    m.kc.resize(sh.layers * m.layer_cache), m.vc.resize(sh.layers * m.layer_cache);
+    for (size_t i = 0; i < m.kc.size(); i++) m.kc[i] = __float2half(frand()), m.vc[i] = __float2half(frand());
+    return 0;
+}
+
+// The reference step: token in, logits out (positions before pos from the caches, pos's own rows
+// from the step).
+static void ref_step(const Model &m, int token, std::vector<float> &logits) {
+    const Shape &sh = m.sh;
+    const int dim = sh.dim, hs = m.hs, kvd = m.kvd, pos = m.pos;
+    std::vector<float> x(m.embedding.begin() + (size_t)token * dim, m.embedding.begin() + (size_t)(token + 1) * dim);
+    std::vector<float> xn, y, att(dim), hb(sh.hidden);
+    for (int l = 0; l < sh.layers; l++) {
+        const Layer &ly = m.layers[l];
+        rms(x, ly.g_att, xn);
+        ref_matvec(ly.qkv, xn, y);
+        for (int i = 0; i < dim + kvd; i += 2) {
+            const int j = (i < dim ? i : i - dim) % hs;
+            const float f = pos * powf(10000.0f, -(float)j / hs), c = cosf(f), sn = sinf(f), a = y[i], b = y[i + 1];
+            y[i] = a * c - b * sn, y[i + 1] = a * sn + b * c;
+        }
+        for (int h = 0; h < sh.heads; h++) {
+            const int kvh = h / (sh.heads / sh.kv_heads);
+            const __half *kh = &m.kc[l * m.layer_cache + (size_t)kvh * m.seq * hs], *vh = &m.vc[l * m.layer_cache + (size_t)kvh * m.seq * hs];
+            std::vector<double> sc(pos + 1);
+            double mx = -1e30;
+            for (int t = 0; t <= pos; t++) {
+                double a = 0.0;
+                for (int i = 0; i < hs; i++) a += (double)y[h * hs + i] * (t < pos ? __half2float(kh[(size_t)t * hs + i]) : y[dim + kvh * hs + i]);
+                sc[t] = a / sqrt((double)hs), mx = std::max(mx, sc[t]);
+            }
+            double sum = 0.0;
+            for (auto &v : sc) v = exp(v - mx), sum += v;
+            for (int i = 0; i < hs; i++) {
+                double a = 0.0;
+                for (int t = 0; t <= pos; t++) a += sc[t] * (t < pos ? __half2float(vh[(size_t)t * hs + i]) : y[dim + kvd + kvh * hs + i]);
+                att[h * hs + i] = (float)(a / sum);
+            }
+        }
+        ref_matvec(ly.wo, att, y);
+        for (int i = 0; i < dim; i++) x[i] += y[i];
+        rms(x, ly.g_ffn, xn);
+        ref_matvec(ly.w13, xn, y);
+        for (int i = 0; i < sh.hidden; i++) hb[i] = y[2 * i] / (1.0f + expf(-y[2 * i])) * y[2 * i + 1];
+        ref_matvec(ly.w2, hb, y);
+        for (int i = 0; i < dim; i++) x[i] += y[i];
+    }
+    rms(x, m.g_final, xn);
+    ref_matvec(m.cls, xn, logits);
+}
+
+// The hops and, per block, its pieces in the ring's order (as produce() walks them).
+static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *bytes) {
+    const Shape &sh = m.sh;
+    std::vector<int> n(C, 0);
+    auto add_linear = [&](int kind, const HostMat &w, const float *gamma, int layer) {
+        Hop h = {};
+        h.kind = kind, h.K = w.K, h.rows = w.rows, h.rec = w.rec, h.norm = gamma != nullptr, h.layer = layer, h.w = w.dev, h.gamma = gamma;
+        h.rows_per_block = ((w.rows + C - 1) / C + 7) & ~7;
+        h.rows_per_piece = kSlotBytes / w.rec & ~7;
+        for (int b = 0; b < C; b++) {
+            const int mine = std::max(0, std::min(h.rows_per_block, w.rows - b * h.rows_per_block));
+            h.first[b] = n[b], h.count[b] = (gamma ? 1 : 0) + (mine + h.rows_per_piece - 1) / h.rows_per_piece, n[b] += h.count[b];
+        }
+        *bytes += (size_t)w.rows * w.rec;
+        hops.push_back(h);
+    };
+    const int per = kSlotBytes / (2 * m.hs), kp = (m.pos + per - 1) / per;
+    for (int l = 0; l < sh.layers; l++) {
+        const Layer &ly = m.layers[l];
+        add_linear(HOP_QKV, ly.qkv, ly.d_g_att, l);
+        Hop a = {};
+        a.kind = HOP_ATTN, a.layer = l;
+        for (int b = 0; b < C; b++) {
+            const int heads = b < sh.heads ? (sh.heads - b + C - 1) / C : 0;
+            a.first[b] = n[b], a.count[b] = 2 * kp * heads, n[b] += a.count[b];
+        }
+        hops.push_back(a);
+        add_linear(HOP_RESID, ly.wo, nullptr, l);
+        add_linear(HOP_SWIGLU, ly.w13, ly.d_g_ffn, l);
+        add_linear(HOP_RESID, ly.w2, nullptr, l);
+    }
+    if ((int)hops.size() > kMaxHops || sh.dim > kMaxDim || sh.hidden > kMaxX || sh.dim + 2 * m.kvd > kMaxX || m.pos > kMaxPos ||
+        m.pos < 1 || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
+        std::any_of(hops.begin(), hops.end(), [](const Hop &h) { return h.kind != HOP_ATTN && h.rows_per_piece < 8; })) {
+        fprintf(stderr, "%s: the shape does not fit the probe\n", sh.name);
+        return 1;
+    }
+    return 0;
+}
+
+// The model's buffers on the device (its matrices' records are in HostMat::dev).
+struct DevModel {
+    __half *kc, *vc;
+    float *emb, *out, *logits, *g_final;
+    unsigned long long *best;
+};
+
+// The step with its layers on a cluster of C blocks: checked, then timed.
+static int run_config(const Model &m, const DevModel &d, int C) {
+    const Shape &sh = m.sh;
+    const int dim = sh.dim, pos = m.pos;
+    std::vector<Hop> hops;
+    size_t bytes = (size_t)sh.vocab * m.cls.rec;
+    unsigned long long *d_stamps;
+    if (make_hops(m, C, hops, &bytes)) return 1;
+    if (dev_copy(&d_stamps, (const unsigned long long *)nullptr, hops.size() + 2)) return 1;
+    __half *d_kc = d.kc, *d_vc = d.vc;
+    float *d_emb = d.emb, *d_out = d.out, *d_logits = d.logits, *d_g_final = d.g_final;
+    unsigned long long *d_best = d.best;
+    CK(cudaMemcpyToSymbol(c_hops, hops.data(), hops.size() * sizeof(Hop)));
+
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int cls_blocks = sms - C;
+    if (cls_blocks < 1) {
+        fprintf(stderr, "%s: %d SMs leave none for the classifier\n", sh.name, sms);
+        return 1;
+    }
+    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out, d_kc, d_vc, d_stamps};
+    ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d_g_final, d_out, d_logits, d_best};
+    const size_t smem = sizeof(Smem), cls_smem = sizeof(ClsSmem);
+    CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaFuncSetAttribute(classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cls_smem));
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lcfg = {}, ccfg = {};
+    cudaLaunchAttribute lattrs[2];
+    lattrs[0] = pdl;
+    lattrs[1].id = cudaLaunchAttributeClusterDimension;
+    lattrs[1].val.clusterDim.x = C, lattrs[1].val.clusterDim.y = 1, lattrs[1].val.clusterDim.z = 1;
+    lcfg.gridDim = dim3(C), lcfg.blockDim = dim3(kThreads), lcfg.dynamicSmemBytes = smem, lcfg.attrs = lattrs, lcfg.numAttrs = 2;
+    ccfg.gridDim = dim3(cls_blocks), ccfg.blockDim = dim3(kConsumers), ccfg.dynamicSmemBytes = cls_smem, ccfg.attrs = &pdl, ccfg.numAttrs = 1;
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, layers_kernel, &lcfg));
+    if (clusters < 1) {
+        fprintf(stderr, "%s: a cluster of %d blocks with %zu bytes of shared memory each does not fit this GPU\n", sh.name, C, smem);
+        return 1;
+    }
+    auto launch_step = [&](int step) -> int {
+        p.step = step, c.step = step;
+        CK(cudaLaunchKernelEx(&lcfg, layers_kernel, p));
+        CK(cudaLaunchKernelEx(&ccfg, classifier_kernel, c));
+        return 0;
+    };
+
+    // the first steps checked against the reference, each from the token the GPU took before
+    int token = 1;
+    std::vector<unsigned long long> best0 = {0ull, (unsigned long long)(0xffffffffu - (unsigned)token)};
+    CK(cudaMemcpy(d_best, best0.data(), 16, cudaMemcpyHostToDevice));
+    std::vector<float> ref, got(sh.vocab);
+    for (int step = 0; step < 3; step++) {
+        CK(cudaMemset(d_logits, 0xff, 4 * (size_t)sh.vocab));   // NaN until the classifier writes them
+        if (launch_step(step)) return 1;
+        CK(cudaDeviceSynchronize());
+        unsigned long long key = 0;
+        CK(cudaMemcpy(got.data(), d_logits, 4 * (size_t)sh.vocab, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&key, d_best + (step & 1), 8, cudaMemcpyDeviceToHost));
+        ref_step(m, token, ref);
+        double num = 0.0, den = 0.0;
+        int ref_best = 0;
+        for (int i = 0; i < sh.vocab; i++) {
+            num += (double)(got[i] - ref[i]) * (got[i] - ref[i]), den += (double)ref[i] * ref[i];
+            if (ref[i] > ref[ref_best]) ref_best = i;
+        }
+        const double rel = sqrt(num / den);
+        const int took = token_of(key);
+        const bool ok = rel <= 1e-4 && took >= 0 && took < sh.vocab && ref[took] >= ref[ref_best] - 1e-4f * fabsf(ref[ref_best]);
+        printf("%-14s cluster of %2d, check, step %d: token %d, logits' relative L2 against the host's %.3g, greedy %d (host %d): %s\n",
+               sh.name, C, step, token, rel, took, ref_best, ok ? "ok" : "WRONG");
+        if (!ok) return 1;
+        token = took;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int reps = 200;
+    for (int step = 3; step < 3 + 20 + reps; step++) {
+        if (step == 3 + 20) CK(cudaEventRecord(e0));
+        if (launch_step(step)) return 1;
+    }
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float ms = 0.0f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    std::vector<unsigned long long> st(hops.size() + 2);
+    CK(cudaMemcpy(st.data(), d_stamps, 8 * st.size(), cudaMemcpyDeviceToHost));
+    double kind_us[4] = {0, 0, 0, 0};
+    int kind_n[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < hops.size(); i++) kind_us[hops[i].kind] += (st[i + 2] - st[i + 1]) / 1e3, kind_n[hops[i].kind]++;
+    const double inside = (st[hops.size() + 1] - st[0]) / 1e3, step_us = 1e3 * ms / reps;
+    printf("%-14s cluster of %2d, %2d layers, position %d, %.1f MB of weights with the classifier: %.2f us a step (%.0f tok/s; 200 "
+           "steps, events), the layers %.2f us in block 0 (%.2f a layer, %.2f a hop)\n",
+           sh.name, C, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, inside, inside / sh.layers, inside / hops.size());
+    printf("%-14s cluster of %2d, us a hop (block 0, from its input's arrival to the next's, last step): QKV %.2f, attention %.2f, "
+           "output projection and w2 %.2f, w1/w3 %.2f\n",
+           sh.name, C, kind_us[HOP_QKV] / kind_n[HOP_QKV], kind_us[HOP_ATTN] / kind_n[HOP_ATTN], kind_us[HOP_RESID] / kind_n[HOP_RESID],
+           kind_us[HOP_SWIGLU] / kind_n[HOP_SWIGLU]);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 0;
+}
+
+static int run_shape(const Shape &sh, int pos) {
+    Model m;
+    if (make_model(m, sh, pos)) return 1;
+    DevModel d;
+    if (dev_copy(&d.kc, m.kc.data(), m.kc.size()) || dev_copy(&d.vc, m.vc.data(), m.vc.size()) ||
+        dev_copy(&d.emb, m.embedding.data(), m.embedding.size()) || dev_copy(&d.out, (const float *)nullptr, sh.dim) ||
+        dev_copy(&d.logits, (const float *)nullptr, (size_t)sh.vocab) || dev_copy(&d.g_final, m.g_final.data(), sh.dim) ||
+        dev_copy(&d.best, (const unsigned long long *)nullptr, 2))
+        return 1;
+    for (int C : {16, 8})
+        if (run_config(m, d, C)) return 1;
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const int pos = argc > 1 ? atoi(argv[1]) : 256;
+    const Shape shapes[] = {{"stories15m", 288, 768, 6, 6, 6, 32000}, {"smollm2-135m", 576, 1536, 30, 9, 3, 49152}};
+    int rc = 0;
+    for (const Shape &s : shapes)
+        if (run_shape(s, pos)) {
+            rc = 1;
+            break;
+        }
+    for (void *d : owned) cudaFree(d);
+    return rc;
+}
