@@ -1331,6 +1331,21 @@ struct MkSliceKV {
     }
 };
 
+// A warp's running softmaxes (each lane group's largest score m, weight sum l and its 8 weighted
+// sums acc), the groups kLanes lanes apart merged into lanes 0 .. kLanes - 1.
+template <int kLanes>
+__device__ __forceinline__ void mk_warp_softmax_merge(float &m, float &l, float acc[8]) {
+#pragma unroll
+    for (int o = kLanes; o < 32; o <<= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
+        const float mx = fmaxf(m, mo), base = mx == -INFINITY ? 0.0f : mx, a = expf(m - base), b = expf(mo - base);
+        l = l * a + lo * b;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * b;
+        m = mx;
+    }
+}
+
 // The slice's attention (q_own: its q; sm: (warps, 2 + kMkSliceW); kv: the rows before the step's, where
 // MK_SLICE_KV_EARLY loaded them).
 // A row t a lane group of kMkSliceLanes lanes in each pass, lane c its dimensions 8c .. 8c + 7, and
@@ -1413,17 +1428,7 @@ __device__ void mk_slice_attention(const MkParams &p, const MkStage &st, const T
             }
         }
     }
-    // the warp's row groups into lanes 0 .. kMkSliceLanes - 1, as mk_attention_wide's (its own copy:
-    // a function shared by both changed the any-shape kernel's machine code)
-#pragma unroll
-    for (int o = kMkSliceLanes; o < 32; o <<= 1) {
-        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
-        const float mx = fmaxf(m, mo), bx = mx == -INFINITY ? 0.0f : mx, a = expf(m - bx), bo = expf(mo - bx);
-        l = l * a + lo * bo;
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[j] = acc[j] * a + __shfl_xor_sync(0xffffffffu, acc[j], o) * bo;
-        m = mx;
-    }
+    mk_warp_softmax_merge<kMkSliceLanes>(m, l, acc);   // the warp's row groups into lanes 0 .. kMkSliceLanes - 1
     float *mine = sm + warp * (2 + W);
     if (lane == 0) mine[0] = m, mine[1] = l;
     if (lane < kMkSliceLanes)
@@ -1732,15 +1737,7 @@ __device__ void mk_attention_wide(const MkParams &p, const MkStage &st, int unit
         }
         m = mx;
     }
-#pragma unroll
-    for (int o = kLanes; o < 32; o <<= 1) {   // the warp's row groups into lanes 0 .. kLanes - 1
-        const float mo = __shfl_xor_sync(0xffffffffu, m, o), lo = __shfl_xor_sync(0xffffffffu, l, o);
-        const float mx = fmaxf(m, mo), base = mx == -INFINITY ? 0.0f : mx, a = expf(m - base), b = expf(mo - base);
-        l = l * a + lo * b;
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * b;
-        m = mx;
-    }
+    mk_warp_softmax_merge<kLanes>(m, l, acc);   // the warp's row groups into lanes 0 .. kLanes - 1
     float *mine = sm + warp * (2 + kHs);
     if (lane == 0) mine[0] = m, mine[1] = l;
     if (lane < kLanes)
