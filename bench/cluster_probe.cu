@@ -55,6 +55,7 @@ struct Hop {
     int first[kCMost], count[kCMost];   // each block's pieces of the hop, in the ring's order
 };
 __constant__ Hop c_hops[kMaxHops];
+__constant__ float c_inv_freq[64];   // RoPE's 10000^(-2i / hs), the host's floats (the reference takes the same)
 
 struct Params {
     int n_hops, step, cluster;   // cluster: the blocks of the cluster (at most kCMost)
@@ -63,7 +64,8 @@ struct Params {
     unsigned long long *best;          // [2]: step s's classifier's argmax key in best[s & 1]
     float *out;                        // the last residual stream (dim), the classifier's x
     __half *kcache, *vcache;           // a layer's: (kv heads, seq, hs)
-    unsigned long long *stamps;        // block 0's: the first hop's start, each hop's, the end
+    unsigned long long *stamps;        // block 0's %globaltimer: the first hop's start, each hop's, the end
+    long long *cycles, *waits;         // block 0's clock64 at the same points; thread 0's cycles in the ring's waits a hop
 };
 struct ClsParams {
     int dim, vocab, rec, rows_per_block, step;
@@ -84,6 +86,7 @@ struct Smem {
     float scores[kMaxPos + 1];
     float part[4 * 128];
     float red[2][kWarps];
+    long long waited;   // thread 0's cycles in the ring's waits this hop
     unsigned long long full[kSlots], empty[kSlots], xbar[2];
 };
 // classifier_kernel's: its rows, the norm's weights, x and its digits.
@@ -168,10 +171,13 @@ __host__ __device__ inline int token_of(unsigned long long key) { return (int)(0
 struct Ring {
     Smem *s;
     int base;   // the block's first piece of the hop
+    __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kSlots]; }   // (after a wait for it)
     __device__ unsigned char *wait(int i) const {
         const int n = base + i;
+        const long long t0 = clock64();
         bar_wait(saddr(&s->full[n % kSlots]), (n / kSlots) & 1, n);
-        return s->ring[n % kSlots];
+        if (threadIdx.x == 0) s->waited += clock64() - t0;   // (read by block 0's stamps)
+        return at(i);
     }
     __device__ void release(int i) const {   // by one lane a warp
         bar_arrive(saddr(&s->empty[(base + i) % kSlots]));
@@ -335,7 +341,8 @@ __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, con
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
         const int in_piece = min(h.rows_per_piece, mine - r0);
-        for (int b = 8 * warp; b < in_piece; b += 8 * kWarps) {   // 8 rows a warp at once
+        // 8 rows a warp at once, the hop's batches dealt round the warps across its pieces
+        for (int b = 8 * ((warp - r0 / 8 % kWarps + kWarps) % kWarps); b < in_piece; b += 8 * kWarps) {
             float acc[8];
             rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             const float v = sum8(acc) * inv_rms;
@@ -350,7 +357,7 @@ __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, con
             } else if (h.kind == HOP_QKV && row < p.dim + p.kvd) {   // RoPE on q and k
                 const int j = (row < p.dim ? row : row - p.dim) % p.hs, i = j & ~1;
                 float sn, cs;
-                sincosf(p.pos * powf(10000.0f, -(float)i / p.hs), &sn, &cs);
+                sincosf(p.pos * c_inv_freq[i / 2], &sn, &cs);
                 out = (r & 1) ? other * sn + v * cs : v * cs - other * sn;
             }
             if (h.kind == HOP_QKV && valid && row >= p.dim && lane % 4 == 0) {   // the KV store
@@ -385,12 +392,14 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
     for (int head = rank, nth = 0; head < p.heads; head += p.cluster, nth++) {
         const int kvh = head / (p.heads / p.kv_heads), base = 2 * kp * nth;
         const float *q = x + head * p.hs;
-        // scores: a thread a position (the step's own from x)
+        // scores: a thread a position (the step's own from x); every key piece waited for first, so
+        // that no wait sits in the loop
+        for (int i = 0; i < kp; i++) ring.wait(base + i);
         float m = -INFINITY;
         for (int t = threadIdx.x; t <= P; t += kConsumers) {
             float sc = 0.0f;
             if (t < P) {
-                const __half2 *k = reinterpret_cast<const __half2 *>(ring.wait(base + t / per) + (size_t)(t % per) * 2 * p.hs);
+                const __half2 *k = reinterpret_cast<const __half2 *>(ring.at(base + t / per) + (size_t)(t % per) * 2 * p.hs);
                 for (int i = 0; i < p.hs / 2; i++) {
                     const float2 kf = __half22float2(k[i]);
                     sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
@@ -424,11 +433,12 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
         sum = 0.0f;
         for (int w = 0; w < kWarps; w++) sum += s->red[1][w];
         // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
+        for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
         for (int e = threadIdx.x; e < 4 * p.hs; e += kConsumers) {
             const int d = e % p.hs, part = e / p.hs;
             float a = 0.0f;
             for (int t = part; t < P; t += 4) {
-                const __half *v = reinterpret_cast<const __half *>(ring.wait(base + kp + t / per) + (size_t)(t % per) * 2 * p.hs);
+                const __half *v = reinterpret_cast<const __half *>(ring.at(base + kp + t / per) + (size_t)(t % per) * 2 * p.hs);
                 a += s->scores[t] * __half2float(v[d]);
             }
             if (part == 0) a += s->scores[P] * x[p.dim + p.kvd + kvh * p.hs + d];
@@ -475,24 +485,25 @@ __global__ void __launch_bounds__(kThreads, 1) layers_kernel(const Params p) {
         const int lane = threadIdx.x % 32;
         unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
         const bool stamp = rank == 0 && threadIdx.x == 0;
-        if (stamp) p.stamps[0] = now();
+        if (stamp) p.stamps[0] = now(), p.cycles[0] = clock64();
         for (int i = 0, layer = 0; i < p.n_hops; i++) {
             const Hop &h = c_hops[i];
             if (i > 0) {
                 bar_wait_cluster(saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
                 phases ^= 1u << (i & 1);
             }
-            if (stamp) p.stamps[1 + i] = now();
+            if (stamp) p.stamps[1 + i] = now(), p.cycles[1 + i] = clock64(), s->waited = 0;
             const float *x = h.kind == HOP_QKV || h.kind == HOP_SWIGLU ? s->res : s->xb[i & 1];
             float *dst = h.kind == HOP_RESID ? s->res : s->xb[(i + 1) & 1];
             if (h.kind == HOP_ATTN) attention_hop(p, s, h, rank, x, dst);
             else linear_hop(p, s, h, rank, x, dst, layer);
             layer += h.kind == HOP_SWIGLU;
+            if (stamp) p.waits[i] = s->waited;
             __syncwarp();
             if (lane < p.cluster) arrive_remote(remote(saddr(&s->xbar[(i + 1) & 1]), lane));
         }
         bar_wait_cluster(saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
-        if (stamp) p.stamps[1 + p.n_hops] = now();
+        if (stamp) p.stamps[1 + p.n_hops] = now(), p.cycles[1 + p.n_hops] = clock64();
         if (rank == 0)
             for (int i = threadIdx.x; i < p.dim; i += kConsumers) p.out[i] = s->res[i];
     }
@@ -645,6 +656,8 @@ static int make_model(Model &m, const Shape &sh, int pos) {
     return 0;
 }
 
+static float inv_freq(int i, int hs) { return powf(10000.0f, -(float)(2 * i) / hs); }
+
 // The reference step: token in, logits out (positions before pos from the caches, pos's own rows
 // from the step).
 static void ref_step(const Model &m, int token, std::vector<float> &logits) {
@@ -658,7 +671,7 @@ static void ref_step(const Model &m, int token, std::vector<float> &logits) {
         ref_matvec(ly.qkv, xn, y);
         for (int i = 0; i < dim + kvd; i += 2) {
             const int j = (i < dim ? i : i - dim) % hs;
-            const float f = pos * powf(10000.0f, -(float)j / hs), c = cosf(f), sn = sinf(f), a = y[i], b = y[i + 1];
+            const float f = pos * inv_freq(j / 2, hs), c = cosf(f), sn = sinf(f), a = y[i], b = y[i + 1];
             y[i] = a * c - b * sn, y[i + 1] = a * sn + b * c;
         }
         for (int h = 0; h < sh.heads; h++) {
@@ -723,7 +736,8 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
         add_linear(HOP_RESID, ly.w2, nullptr, l);
     }
     if ((int)hops.size() > kMaxHops || sh.dim > kMaxDim || sh.hidden > kMaxX || sh.dim + 2 * m.kvd > kMaxX || m.pos > kMaxPos ||
-        m.pos < 1 || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
+        m.pos < 1 || sh.dim % sh.heads || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
+        kp > kSlots || C > kCMost ||
         std::any_of(hops.begin(), hops.end(), [](const Hop &h) { return h.kind != HOP_ATTN && h.rows_per_piece < 8; })) {
         fprintf(stderr, "%s: the shape does not fit the probe\n", sh.name);
         return 1;
@@ -745,8 +759,14 @@ static int run_config(const Model &m, const DevModel &d, int C) {
     std::vector<Hop> hops;
     size_t bytes = (size_t)sh.vocab * m.cls.rec;
     unsigned long long *d_stamps;
+    long long *d_cycles, *d_waits;
     if (make_hops(m, C, hops, &bytes)) return 1;
-    if (dev_copy(&d_stamps, (const unsigned long long *)nullptr, hops.size() + 2)) return 1;
+    if (dev_copy(&d_stamps, (const unsigned long long *)nullptr, hops.size() + 2) ||
+        dev_copy(&d_cycles, (const long long *)nullptr, hops.size() + 2) || dev_copy(&d_waits, (const long long *)nullptr, hops.size()))
+        return 1;
+    std::vector<float> freqs(m.hs / 2);
+    for (int i = 0; i < m.hs / 2; i++) freqs[i] = inv_freq(i, m.hs);
+    CK(cudaMemcpyToSymbol(c_inv_freq, freqs.data(), freqs.size() * sizeof(float)));
     __half *d_kc = d.kc, *d_vc = d.vc;
     float *d_emb = d.emb, *d_out = d.out, *d_logits = d.logits, *d_g_final = d.g_final;
     unsigned long long *d_best = d.best;
@@ -760,7 +780,7 @@ static int run_config(const Model &m, const DevModel &d, int C) {
         fprintf(stderr, "%s: %d SMs leave none for the classifier\n", sh.name, sms);
         return 1;
     }
-    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out, d_kc, d_vc, d_stamps};
+    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out, d_kc, d_vc, d_stamps, d_cycles, d_waits};
     ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d_g_final, d_out, d_logits, d_best};
     const size_t smem = sizeof(Smem), cls_smem = sizeof(ClsSmem);
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -830,18 +850,28 @@ static int run_config(const Model &m, const DevModel &d, int C) {
     float ms = 0.0f;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     std::vector<unsigned long long> st(hops.size() + 2);
+    std::vector<long long> cy(hops.size() + 2), wt(hops.size());
     CK(cudaMemcpy(st.data(), d_stamps, 8 * st.size(), cudaMemcpyDeviceToHost));
-    double kind_us[4] = {0, 0, 0, 0};
-    int kind_n[4] = {0, 0, 0, 0};
-    for (size_t i = 0; i < hops.size(); i++) kind_us[hops[i].kind] += (st[i + 2] - st[i + 1]) / 1e3, kind_n[hops[i].kind]++;
+    CK(cudaMemcpy(cy.data(), d_cycles, 8 * cy.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(wt.data(), d_waits, 8 * wt.size(), cudaMemcpyDeviceToHost));
+    // a hop's time by block 0's clock64, in us at the SM clock the two timers give for the layers
     const double inside = (st[hops.size() + 1] - st[0]) / 1e3, step_us = 1e3 * ms / reps;
+    const double cycles_an_us = (double)(cy[hops.size() + 1] - cy[0]) / inside;
+    double kind_us[4] = {0, 0, 0, 0}, kind_wait[4] = {0, 0, 0, 0};
+    int kind_n[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < hops.size(); i++) {
+        const int k = hops[i].kind;
+        kind_us[k] += (cy[i + 2] - cy[i + 1]) / cycles_an_us, kind_wait[k] += wt[i] / cycles_an_us, kind_n[k]++;
+    }
     printf("%-14s cluster of %2d, %2d layers, position %d, %.1f MB of weights with the classifier: %.2f us a step (%.0f tok/s; 200 "
            "steps, events), the layers %.2f us in block 0 (%.2f a layer, %.2f a hop)\n",
            sh.name, C, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, inside, inside / sh.layers, inside / hops.size());
-    printf("%-14s cluster of %2d, us a hop (block 0, from its input's arrival to the next's, last step): QKV %.2f, attention %.2f, "
-           "output projection and w2 %.2f, w1/w3 %.2f\n",
-           sh.name, C, kind_us[HOP_QKV] / kind_n[HOP_QKV], kind_us[HOP_ATTN] / kind_n[HOP_ATTN], kind_us[HOP_RESID] / kind_n[HOP_RESID],
-           kind_us[HOP_SWIGLU] / kind_n[HOP_SWIGLU]);
+    printf("%-14s cluster of %2d, us a hop (block 0, from its input's arrival to the next's, the last step's mean over the layers; "
+           "in brackets its thread 0's waits for the ring; SM clock %.0f MHz): QKV %.2f (%.2f), attention %.2f (%.2f), output "
+           "projection and w2 %.2f (%.2f), w1/w3 %.2f (%.2f)\n",
+           sh.name, C, cycles_an_us, kind_us[HOP_QKV] / kind_n[HOP_QKV], kind_wait[HOP_QKV] / kind_n[HOP_QKV],
+           kind_us[HOP_ATTN] / kind_n[HOP_ATTN], kind_wait[HOP_ATTN] / kind_n[HOP_ATTN], kind_us[HOP_RESID] / kind_n[HOP_RESID],
+           kind_wait[HOP_RESID] / kind_n[HOP_RESID], kind_us[HOP_SWIGLU] / kind_n[HOP_SWIGLU], kind_wait[HOP_SWIGLU] / kind_n[HOP_SWIGLU]);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     return 0;
