@@ -32,6 +32,7 @@
 #include <cmath>
 #include <vector>
 #include <algorithm>
+#include <cuda.h>   // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
 #include <cuda_fp16.h>
 
 #include "probe.h"   // CK
@@ -63,7 +64,9 @@ struct Params {
     const float *embedding;            // (vocab, dim)
     unsigned long long *best;          // [2]: step s's classifier's argmax key in best[s & 1]
     float *out;                        // the last residual stream (dim), the classifier's x
-    __half *kcache, *vcache;           // a layer's: (kv heads, seq, hs)
+    int engine_layout;                 // the caches (layers, seq, kv_dim) as the engine's, else (layers, kv heads, seq, hs)
+    __half *kcache, *vcache;
+    CUtensorMap kmap, vmap;            // engine_layout: the caches as 2-D tensors (layers x seq rows of kv_dim), a box a slot of a head's rows
     unsigned long long *stamps;        // block 0's %globaltimer: the first hop's start, each hop's, the end
     long long *cycles, *waits;         // block 0's clock64 at the same points; thread 0's cycles in the ring's waits a hop
 };
@@ -146,6 +149,13 @@ __device__ __forceinline__ void copy_bulk(uint32_t dst, const void *src, int byt
                  "r"(bar)
                  : "memory");
 }
+// A box of a 2-D tensor (map: a __grid_constant__ parameter's) at column col and row row, counted
+// against bar's expected bytes as bulk copies are.
+__device__ __forceinline__ void copy_box(uint32_t dst, const CUtensorMap *map, int col, int row, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(col), "r"(row), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void cluster_sync() { asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ int cluster_rank() {
     int r;
@@ -190,12 +200,16 @@ struct Ring {
 __device__ void produce(const Params &p, Smem *s, int rank) {
     if (threadIdx.x % 32) return;
     int n = 0;
-    auto put = [&](const void *src, int bytes) {
+    auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
         const int slot = n % kSlots, round = n / kSlots;
         if (round > 0) bar_wait(saddr(&s->empty[slot]), (round - 1) & 1, 100000 + n);
         bar_expect(saddr(&s->full[slot]), bytes);
-        copy_bulk(saddr(s->ring[slot]), src, bytes, saddr(&s->full[slot]));
         n++;
+        return slot;
+    };
+    auto put = [&](const void *src, int bytes) {
+        const int slot = slot_for(bytes);
+        copy_bulk(saddr(s->ring[slot]), src, bytes, saddr(&s->full[slot]));
     };
     const int per = kSlotBytes / (2 * p.hs), kp = (p.pos + per - 1) / per;
     const size_t layer_cache = (size_t)p.kv_heads * p.seq * p.hs;
@@ -206,7 +220,16 @@ __device__ void produce(const Params &p, Smem *s, int rank) {
                 const int kvh = head / (p.heads / p.kv_heads);
                 for (int c = 0; c < 2; c++) {
                     const __half *cache = (c ? p.vcache : p.kcache) + h.layer * layer_cache + (size_t)kvh * p.seq * p.hs;
-                    for (int j = 0; j < kp; j++) put(cache + (size_t)j * per * p.hs, min(per, p.pos - j * per) * 2 * p.hs);
+                    for (int j = 0; j < kp; j++) {
+                        if (!p.engine_layout) {
+                            put(cache + (size_t)j * per * p.hs, min(per, p.pos - j * per) * 2 * p.hs);
+                            continue;
+                        }
+                        // a whole box: its rows past the step's position (the next positions, the next
+                        // layer's, or zeros past the tensor) land too, and are not read
+                        const int slot = slot_for(per * 2 * p.hs);
+                        copy_box(saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * per, saddr(&s->full[slot]));
+                    }
                 }
             }
         } else {
@@ -362,8 +385,10 @@ __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, con
             }
             if (h.kind == HOP_QKV && valid && row >= p.dim && lane % 4 == 0) {   // the KV store
                 const int e = row - p.dim, is_v = e >= p.kvd, c = is_v ? e - p.kvd : e;
-                __half *cache = (is_v ? p.vcache : p.kcache) + (size_t)layer * p.kv_heads * p.seq * p.hs;
-                cache[((size_t)(c / p.hs) * p.seq + p.pos) * p.hs + c % p.hs] = __float2half(out);
+                __half *cache = is_v ? p.vcache : p.kcache;
+                const size_t at = p.engine_layout ? ((size_t)layer * p.seq + p.pos) * p.kvd + c
+                                                  : (((size_t)layer * p.kv_heads + c / p.hs) * p.seq + p.pos) * p.hs + c % p.hs;
+                cache[at] = __float2half(out);
             }
             // lane `rank` of the warp stores the 8 rows into block `rank`'s copy
 #pragma unroll
@@ -466,7 +491,7 @@ __device__ void embed(const Params &p, Smem *s) {
     consumers_sync();
 }
 
-__global__ void __launch_bounds__(kThreads, 1) layers_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) layers_kernel(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem *s = reinterpret_cast<Smem *>(smem_raw);
     const int rank = cluster_rank();
@@ -747,13 +772,41 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
 
 // The model's buffers on the device (its matrices' records are in HostMat::dev).
 struct DevModel {
-    __half *kc, *vc;
+    __half *kc, *vc, *kc_engine, *vc_engine;   // head-major, and the engine's (layers, seq, kv_dim)
     float *emb, *out, *logits, *g_final;
     unsigned long long *best;
 };
 
-// The step with its layers on a cluster of C blocks: checked, then timed.
-static int run_config(const Model &m, const DevModel &d, int C) {
+// The caches as 2-D tensors (layers x seq rows of kv_dim halves) for boxes of per rows of a head.
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
+                                const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                CUtensorMapFloatOOBfill);
+static int cache_map(CUtensorMap *map, __half *cache, const Model &m) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (!fn || found != cudaDriverEntryPointSuccess) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: not found in the driver\n");
+        return 1;
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)m.kvd, (cuuint64_t)m.sh.layers * m.seq}, strides[1] = {(cuuint64_t)m.kvd * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)m.hs, (cuuint32_t)(kSlotBytes / (2 * m.hs))}, steps[2] = {1, 1};
+    if (box[1] > 256) {   // (a box is at most 256 rows)
+        fprintf(stderr, "%s: a slot holds %u rows of a head, more than a box's 256\n", m.sh.name, box[1]);
+        return 1;
+    }
+    const CUresult r = ((EncodeTiled)fn)(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cache, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)r);
+        return 1;
+    }
+    return 0;
+}
+
+// The step with its layers on a cluster of C blocks, the caches in the engine's layout or
+// head-major: checked, then timed.
+static int run_config(const Model &m, const DevModel &d, int C, int engine_layout) {
     const Shape &sh = m.sh;
     const int dim = sh.dim, pos = m.pos;
     std::vector<Hop> hops;
@@ -767,7 +820,8 @@ static int run_config(const Model &m, const DevModel &d, int C) {
     std::vector<float> freqs(m.hs / 2);
     for (int i = 0; i < m.hs / 2; i++) freqs[i] = inv_freq(i, m.hs);
     CK(cudaMemcpyToSymbol(c_inv_freq, freqs.data(), freqs.size() * sizeof(float)));
-    __half *d_kc = d.kc, *d_vc = d.vc;
+    const char *layout = engine_layout ? "caches (seq, kv_dim)" : "caches head-major";
+    __half *d_kc = engine_layout ? d.kc_engine : d.kc, *d_vc = engine_layout ? d.vc_engine : d.vc;
     float *d_emb = d.emb, *d_out = d.out, *d_logits = d.logits, *d_g_final = d.g_final;
     unsigned long long *d_best = d.best;
     CK(cudaMemcpyToSymbol(c_hops, hops.data(), hops.size() * sizeof(Hop)));
@@ -780,7 +834,9 @@ static int run_config(const Model &m, const DevModel &d, int C) {
         fprintf(stderr, "%s: %d SMs leave none for the classifier\n", sh.name, sms);
         return 1;
     }
-    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out, d_kc, d_vc, d_stamps, d_cycles, d_waits};
+    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out,
+                engine_layout, d_kc, d_vc, {}, {}, d_stamps, d_cycles, d_waits};
+    if (engine_layout && (cache_map(&p.kmap, d_kc, m) || cache_map(&p.vmap, d_vc, m))) return 1;
     ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d_g_final, d_out, d_logits, d_best};
     const size_t smem = sizeof(Smem), cls_smem = sizeof(ClsSmem);
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -831,8 +887,8 @@ static int run_config(const Model &m, const DevModel &d, int C) {
         const double rel = sqrt(num / den);
         const int took = token_of(key);
         const bool ok = rel <= 1e-4 && took >= 0 && took < sh.vocab && ref[took] >= ref[ref_best] - 1e-4f * fabsf(ref[ref_best]);
-        printf("%-14s cluster of %2d, check, step %d: token %d, logits' relative L2 against the host's %.3g, greedy %d (host %d): %s\n",
-               sh.name, C, step, token, rel, took, ref_best, ok ? "ok" : "WRONG");
+        printf("%-14s cluster of %2d, %s, check, step %d: token %d, logits' relative L2 against the host's %.3g, greedy %d (host %d): %s\n",
+               sh.name, C, layout, step, token, rel, took, ref_best, ok ? "ok" : "WRONG");
         if (!ok) return 1;
         token = took;
     }
@@ -863,13 +919,13 @@ static int run_config(const Model &m, const DevModel &d, int C) {
         const int k = hops[i].kind;
         kind_us[k] += (cy[i + 2] - cy[i + 1]) / cycles_an_us, kind_wait[k] += wt[i] / cycles_an_us, kind_n[k]++;
     }
-    printf("%-14s cluster of %2d, %2d layers, position %d, %.1f MB of weights with the classifier: %.2f us a step (%.0f tok/s; 200 "
+    printf("%-14s cluster of %2d, %s, %2d layers, position %d, %.1f MB of weights with the classifier: %.2f us a step (%.0f tok/s; 200 "
            "steps, events), the layers %.2f us in block 0 (%.2f a layer, %.2f a hop)\n",
-           sh.name, C, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, inside, inside / sh.layers, inside / hops.size());
-    printf("%-14s cluster of %2d, us a hop (block 0, from its input's arrival to the next's, the last step's mean over the layers; "
+           sh.name, C, layout, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, inside, inside / sh.layers, inside / hops.size());
+    printf("%-14s cluster of %2d, %s, us a hop (block 0, from its input's arrival to the next's, the last step's mean over the layers; "
            "in brackets its thread 0's waits for the ring; SM clock %.0f MHz): QKV %.2f (%.2f), attention %.2f (%.2f), output "
            "projection and w2 %.2f (%.2f), w1/w3 %.2f (%.2f)\n",
-           sh.name, C, cycles_an_us, kind_us[HOP_QKV] / kind_n[HOP_QKV], kind_wait[HOP_QKV] / kind_n[HOP_QKV],
+           sh.name, C, layout, cycles_an_us, kind_us[HOP_QKV] / kind_n[HOP_QKV], kind_wait[HOP_QKV] / kind_n[HOP_QKV],
            kind_us[HOP_ATTN] / kind_n[HOP_ATTN], kind_wait[HOP_ATTN] / kind_n[HOP_ATTN], kind_us[HOP_RESID] / kind_n[HOP_RESID],
            kind_wait[HOP_RESID] / kind_n[HOP_RESID], kind_us[HOP_SWIGLU] / kind_n[HOP_SWIGLU], kind_wait[HOP_SWIGLU] / kind_n[HOP_SWIGLU]);
     CK(cudaEventDestroy(e0));
@@ -881,13 +937,23 @@ static int run_shape(const Shape &sh, int pos) {
     Model m;
     if (make_model(m, sh, pos)) return 1;
     DevModel d;
+    std::vector<__half> kc_engine(m.kc.size()), vc_engine(m.vc.size());   // (layers, seq, kv_dim)
+    for (int l = 0; l < sh.layers; l++)
+        for (int h = 0; h < sh.kv_heads; h++)
+            for (int t = 0; t < m.seq; t++)
+                for (int i = 0; i < m.hs; i++) {
+                    const size_t from = l * m.layer_cache + ((size_t)h * m.seq + t) * m.hs + i, to = ((size_t)l * m.seq + t) * m.kvd + h * m.hs + i;
+                    kc_engine[to] = m.kc[from], vc_engine[to] = m.vc[from];
+                }
     if (dev_copy(&d.kc, m.kc.data(), m.kc.size()) || dev_copy(&d.vc, m.vc.data(), m.vc.size()) ||
+        dev_copy(&d.kc_engine, kc_engine.data(), kc_engine.size()) || dev_copy(&d.vc_engine, vc_engine.data(), vc_engine.size()) ||
         dev_copy(&d.emb, m.embedding.data(), m.embedding.size()) || dev_copy(&d.out, (const float *)nullptr, sh.dim) ||
         dev_copy(&d.logits, (const float *)nullptr, (size_t)sh.vocab) || dev_copy(&d.g_final, m.g_final.data(), sh.dim) ||
         dev_copy(&d.best, (const unsigned long long *)nullptr, 2))
         return 1;
-    for (int C : {16, 8})
-        if (run_config(m, d, C)) return 1;
+    for (int engine_layout : {1, 0})
+        for (int C : {16, 8})
+            if (run_config(m, d, C, engine_layout)) return 1;
     return 0;
 }
 
