@@ -32,7 +32,8 @@
 #include <cmath>
 #include <vector>
 #include <algorithm>
-#include <cuda.h>   // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
+#include <cuda.h>           // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_fp16.h>
 
 #include "probe.h"   // CK
@@ -778,9 +779,6 @@ struct DevModel {
 };
 
 // The caches as 2-D tensors (layers x seq rows of kv_dim halves) for boxes of per rows of a head.
-typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *, const cuuint64_t *,
-                                const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                CUtensorMapFloatOOBfill);
 static int cache_map(CUtensorMap *map, __half *cache, const Model &m) {
     void *fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -795,8 +793,9 @@ static int cache_map(CUtensorMap *map, __half *cache, const Model &m) {
         fprintf(stderr, "%s: a slot holds %u rows of a head, more than a box's 256\n", m.sh.name, box[1]);
         return 1;
     }
-    const CUresult r = ((EncodeTiled)fn)(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cache, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                         CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cache, dims, strides, box, steps,
+                                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)r);
         return 1;
