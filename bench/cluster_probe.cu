@@ -851,6 +851,9 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     lattrs[1].val.clusterDim.x = C, lattrs[1].val.clusterDim.y = 1, lattrs[1].val.clusterDim.z = 1;
     lcfg.gridDim = dim3(C), lcfg.blockDim = dim3(kThreads), lcfg.dynamicSmemBytes = smem, lcfg.attrs = lattrs, lcfg.numAttrs = 2;
     ccfg.gridDim = dim3(cls_blocks), ccfg.blockDim = dim3(kConsumers), ccfg.dynamicSmemBytes = cls_smem, ccfg.attrs = &pdl, ccfg.numAttrs = 1;
+    cudaStream_t stream;
+    CK(cudaStreamCreate(&stream));
+    lcfg.stream = ccfg.stream = stream;
     int clusters = 0;
     CK(cudaOccupancyMaxActiveClusters(&clusters, layers_kernel, &lcfg));
     if (clusters < 1) {
@@ -872,7 +875,7 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     for (int step = 0; step < 3; step++) {
         CK(cudaMemset(d_logits, 0xff, 4 * (size_t)sh.vocab));   // NaN until the classifier writes them
         if (launch_step(step)) return 1;
-        CK(cudaDeviceSynchronize());
+        CK(cudaStreamSynchronize(stream));
         unsigned long long key = 0;
         CK(cudaMemcpy(got.data(), d_logits, 4 * (size_t)sh.vocab, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(&key, d_best + (step & 1), 8, cudaMemcpyDeviceToHost));
@@ -896,10 +899,10 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     CK(cudaEventCreate(&e1));
     const int reps = 200;
     for (int step = 3; step < 3 + 20 + reps; step++) {
-        if (step == 3 + 20) CK(cudaEventRecord(e0));
+        if (step == 3 + 20) CK(cudaEventRecord(e0, stream));
         if (launch_step(step)) return 1;
     }
-    CK(cudaEventRecord(e1));
+    CK(cudaEventRecord(e1, stream));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());
     float ms = 0.0f;
@@ -909,6 +912,26 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     CK(cudaMemcpy(st.data(), d_stamps, 8 * st.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(cy.data(), d_cycles, 8 * cy.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(wt.data(), d_waits, 8 * wt.size(), cudaMemcpyDeviceToHost));
+    // the same steps replayed as the engine replays its step: a graph (of two steps, so that each
+    // launch's key parity is fixed in it), 100 replays after 10
+    cudaGraph_t graph;
+    cudaGraphExec_t replay;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    if (launch_step(0) || launch_step(1)) return 1;
+    CK(cudaStreamEndCapture(stream, &graph));
+    CK(cudaGraphInstantiate(&replay, graph, 0));
+    for (int r = -10; r < 100; r++) {
+        if (r == 0) CK(cudaEventRecord(e0, stream));
+        CK(cudaGraphLaunch(replay, stream));
+    }
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaGetLastError());
+    float graph_ms = 0.0f;
+    CK(cudaEventElapsedTime(&graph_ms, e0, e1));
+    const double graph_us = 1e3 * graph_ms / 200;
+    CK(cudaGraphExecDestroy(replay));
+    CK(cudaGraphDestroy(graph));
     // a hop's time by block 0's clock64, in us at the SM clock the two timers give for the layers
     const double inside = (st[hops.size() + 1] - st[0]) / 1e3, step_us = 1e3 * ms / reps;
     const double cycles_an_us = (double)(cy[hops.size() + 1] - cy[0]) / inside;
@@ -919,8 +942,10 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
         kind_us[k] += (cy[i + 2] - cy[i + 1]) / cycles_an_us, kind_wait[k] += wt[i] / cycles_an_us, kind_n[k]++;
     }
     printf("%-14s cluster of %2d, %s, %2d layers, position %d, %.1f MB of weights with the classifier: %.2f us a step (%.0f tok/s; 200 "
-           "steps, events), the layers %.2f us in block 0 (%.2f a layer, %.2f a hop)\n",
-           sh.name, C, layout, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, inside, inside / sh.layers, inside / hops.size());
+           "steps launched from the host, events), %.2f us (%.0f tok/s) replayed as graphs of two steps; the layers %.2f us in block 0 "
+           "(%.2f a layer, %.2f a hop)\n",
+           sh.name, C, layout, sh.layers, pos, bytes / 1e6, step_us, 1e6 / step_us, graph_us, 1e6 / graph_us, inside, inside / sh.layers,
+           inside / hops.size());
     printf("%-14s cluster of %2d, %s, us a hop (block 0, from its input's arrival to the next's, the last step's mean over the layers; "
            "in brackets its thread 0's waits for the ring; SM clock %.0f MHz): QKV %.2f (%.2f), attention %.2f (%.2f), output "
            "projection and w2 %.2f (%.2f), w1/w3 %.2f (%.2f)\n",
@@ -929,6 +954,7 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
            kind_wait[HOP_RESID] / kind_n[HOP_RESID], kind_us[HOP_SWIGLU] / kind_n[HOP_SWIGLU], kind_wait[HOP_SWIGLU] / kind_n[HOP_SWIGLU]);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(stream));
     return 0;
 }
 
