@@ -61,7 +61,7 @@ __constant__ float c_inv_freq[64];   // RoPE's 10000^(-2i / hs), the host's floa
 
 struct Params {
     int n_hops, step, cluster;   // cluster: the blocks of the cluster (at most kCMost)
-    int dim, kvd, hidden, heads, kv_heads, hs, pos, seq, vocab;
+    int dim, kvd, heads, kv_heads, hs, pos, seq, vocab;
     const float *embedding;            // (vocab, dim)
     unsigned long long *best;          // [2]: step s's classifier's argmax key in best[s & 1]
     float *out;                        // the last residual stream (dim), the classifier's x
@@ -762,7 +762,7 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
         add_linear(HOP_RESID, ly.w2, nullptr, l);
     }
     if ((int)hops.size() > kMaxHops || sh.dim > kMaxDim || sh.hidden > kMaxX || sh.dim + 2 * m.kvd > kMaxX || m.pos > kMaxPos ||
-        m.pos < 1 || sh.dim % sh.heads || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
+        m.pos < 1 || sh.dim % 4 || sh.dim % sh.heads || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
         kp > kSlots || C > kCMost ||
         std::any_of(hops.begin(), hops.end(), [](const Hop &h) { return h.kind != HOP_ATTN && h.rows_per_piece < 8; })) {
         fprintf(stderr, "%s: the shape does not fit the probe\n", sh.name);
@@ -821,8 +821,6 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     CK(cudaMemcpyToSymbol(c_inv_freq, freqs.data(), freqs.size() * sizeof(float)));
     const char *layout = engine_layout ? "caches (seq, kv_dim)" : "caches head-major";
     __half *d_kc = engine_layout ? d.kc_engine : d.kc, *d_vc = engine_layout ? d.vc_engine : d.vc;
-    float *d_emb = d.emb, *d_out = d.out, *d_logits = d.logits, *d_g_final = d.g_final;
-    unsigned long long *d_best = d.best;
     CK(cudaMemcpyToSymbol(c_hops, hops.data(), hops.size() * sizeof(Hop)));
 
     int dev = 0, sms = 0;
@@ -833,10 +831,10 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
         fprintf(stderr, "%s: %d SMs leave none for the classifier\n", sh.name, sms);
         return 1;
     }
-    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.hidden, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d_emb, d_best, d_out,
+    Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d.emb, d.best, d.out,
                 engine_layout, d_kc, d_vc, {}, {}, d_stamps, d_cycles, d_waits};
     if (engine_layout && (cache_map(&p.kmap, d_kc, m) || cache_map(&p.vmap, d_vc, m))) return 1;
-    ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d_g_final, d_out, d_logits, d_best};
+    ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d.g_final, d.out, d.logits, d.best};
     const size_t smem = sizeof(Smem), cls_smem = sizeof(ClsSmem);
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -870,15 +868,15 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     // the first steps checked against the reference, each from the token the GPU took before
     int token = 1;
     std::vector<unsigned long long> best0 = {0ull, (unsigned long long)(0xffffffffu - (unsigned)token)};
-    CK(cudaMemcpy(d_best, best0.data(), 16, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.best, best0.data(), 16, cudaMemcpyHostToDevice));
     std::vector<float> ref, got(sh.vocab);
     for (int step = 0; step < 3; step++) {
-        CK(cudaMemset(d_logits, 0xff, 4 * (size_t)sh.vocab));   // NaN until the classifier writes them
+        CK(cudaMemset(d.logits, 0xff, 4 * (size_t)sh.vocab));   // NaN until the classifier writes them
         if (launch_step(step)) return 1;
         CK(cudaStreamSynchronize(stream));
         unsigned long long key = 0;
-        CK(cudaMemcpy(got.data(), d_logits, 4 * (size_t)sh.vocab, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(&key, d_best + (step & 1), 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(got.data(), d.logits, 4 * (size_t)sh.vocab, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&key, d.best + (step & 1), 8, cudaMemcpyDeviceToHost));
         ref_step(m, token, ref);
         double num = 0.0, den = 0.0;
         int ref_best = 0;
@@ -986,6 +984,10 @@ static int run_shape(const Shape &sh, int pos) {
 
 int main(int argc, char **argv) {
     const int pos = argc > 1 ? atoi(argv[1]) : 256;
+    if (pos < 1 || pos > kMaxPos) {   // (before the caches are sized by it)
+        fprintf(stderr, "usage: cluster_probe [position]: a position from 1 to %d, not '%s'\n", kMaxPos, argv[1]);
+        return 1;
+    }
     const Shape shapes[] = {{"stories15m", 288, 768, 6, 6, 6, 32000}, {"smollm2-135m", 576, 1536, 30, 9, 3, 49152}};
     int rc = 0;
     for (const Shape &s : shapes)
