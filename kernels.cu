@@ -12,6 +12,8 @@
 //   cuda/sampling.cuh      the greedy argmax and llama2.c's sampling
 //   cuda/linear.cuh        gpu_linear: a linear layer on the chosen kernel; the cuBLAS baselines
 //   cuda/megakernel.cuh    a whole decode step as one persistent kernel (sm_90a)
+//   cuda/cluster_step.cuh  a small model's decode step: its layers on one thread-block cluster,
+//                          its classifier on the other SMs (sm_90)
 //   cuda/context.cuh       context, memory, the step's inputs, CUDA graphs
 // Every kernel may start while the one before it drains (PDL), and waits (griddepcontrol.wait)
 // before it touches anything that kernel writes or reads. The step's position and token ids live
@@ -37,4 +39,5 @@
 #include "cuda/sampling.cuh"
 #include "cuda/linear.cuh"
 #include "cuda/megakernel.cuh"
+#include "cuda/cluster_step.cuh"
 #include "cuda/context.cuh"

@@ -420,7 +420,8 @@ static const Switch switches[] = {
     {"--tma-gemv", offsetof(GpuOptions, tma_gemv), 1},           {"--no-tma-gemv", offsetof(GpuOptions, tma_gemv), 0},
     {"--no-tc", offsetof(GpuOptions, tensor_cores), 0},          {"--no-norm-fold", offsetof(GpuOptions, no_norm_fold), 1},
     {"--host-sample", offsetof(GpuOptions, host_sample), 1},     {"--megakernel", offsetof(GpuOptions, megakernel), 1},
-    {"--no-megakernel", offsetof(GpuOptions, megakernel), 0},
+    {"--no-megakernel", offsetof(GpuOptions, megakernel), 0},    {"--cluster-step", offsetof(GpuOptions, cluster_step), 1},
+    {"--no-cluster-step", offsetof(GpuOptions, cluster_step), 0},
 };
 
 static int set_switch(GpuOptions *o, const char *f) {
@@ -545,6 +546,10 @@ static const char usage_text[] =
     "  --megakernel, --no-megakernel  GPU: a decode step of an INT8 model as one persistent kernel\n"
     "                   (H100/H200) or a kernel per matrix (default: one kernel from 0.5 GB of weights;\n"
     "                   it keeps a second copy of the weights on the GPU, in the order it reads them)\n"
+    "  --cluster-step, --no-cluster-step  GPU: a small INT8 model's decode step with its layers on\n"
+    "                   one cluster of 16 SMs and its classifier on the others (H100/H200;\n"
+    "                   experimental, default off; up to 512 positions, then the other path; it\n"
+    "                   keeps a second copy of the weights on the GPU)\n"
     "  -h, --help       this text\n";
 
 static void usage(const char *why) {

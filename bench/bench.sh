@@ -15,6 +15,9 @@ rows="$out/rows.txt"; : > "$rows"
 row() {   # label, model, positions (-n), prompt, extra flags
     ./run "$2" -z tokenizer.bin -p "$4" -n "$3" -t 0 $5 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
     grep -q "device gpu" "$out/run.err" || { echo "bench: not on the GPU:"; cat "$out/run.err"; exit 1; }
+    case "$5" in *--cluster-step*)   # (it falls back with a message where it cannot run: no row then)
+        grep -q "decode cluster step" "$out/run.err" || { echo "bench: $1: the cluster step did not run:"; cat "$out/run.err"; return 0; } ;;
+    esac
     awk -v label="$1" '/decode/ {
         for (i = 1; i <= NF; i++) {
             if ($(i+1) == "tok/s;" && $(i-1) == "decode") tps = $i
@@ -57,10 +60,12 @@ row "stories110m int8 fused, a kernel per matrix" "$(synth stories110m)" 261 "$p
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
 row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
 row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--megakernel"
+row "stories15m int8 --cluster-step" "$(synth stories15m)" 256 "$p5" "--cluster-step"
 # Hugging Face shapes (vocabularies 49152 and 128256, beyond tokenizer.bin's 32000)
 row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
 row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
 row "smollm2-135m int8 fused, a kernel per matrix" "$(synth smollm2-135m)" 256 "$p5" "--no-megakernel"
+row "smollm2-135m int8 --cluster-step" "$(synth smollm2-135m)" 256 "$p5" "--cluster-step"
 if [ -z "${BENCH_QUICK:-}" ]; then
     row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
     row "llama3-8b int8 fused, a kernel per matrix" "$(synth llama3-8b)" 261 "$p5" "--no-megakernel"

@@ -93,7 +93,7 @@ typedef struct {
 
 struct Exec {
     const Ops *ops;
-    char desc[320];     // the path and its options, for the statistics line
+    char desc[640];     // the path and its options, for the statistics line
     Config cfg;
     int kv_bytes;       // bytes per KV cache element: 4 (FP32) or 2 (FP16)
     int n_seqs;         // sequences with a KV cache each (--batch)
@@ -165,12 +165,14 @@ typedef struct {
     int no_norm_fold;   // every RMSNorm as its own kernel (else folded into the GEMV after it)
     int host_sample;    // sampled tokens drawn on the host (else on the GPU)
     int megakernel;     // a decode step as one persistent kernel (INT8, fused path): 1, 0, or GPU_AUTO
+    int cluster_step;   // a small model's decode step on one thread-block cluster (INT8, fused path): 1, 0, or GPU_AUTO
 } GpuOptions;
 // The defaults: what run does without options.
 #define GPU_DEFAULTS                                                                                              \
     (GpuOptions) {                                                                                                \
         .path = PATH_FUSED, .use_graph = 1, .kv_half = 1, .pdl = GPU_AUTO, .tensor_cores = 1, .n_seqs = 0,        \
-        .context = 0, .tma_gemv = GPU_AUTO, .no_norm_fold = 0, .host_sample = 0, .megakernel = GPU_AUTO          \
+        .context = 0, .tma_gemv = GPU_AUTO, .no_norm_fold = 0, .host_sample = 0, .megakernel = GPU_AUTO,         \
+        .cluster_step = GPU_AUTO                                                                                  \
     }
 #define GPU_UNAVAILABLE -1   // gpu_exec_init: no usable GPU; the caller may use the CPU
 #define GPU_TOO_SMALL -2     // the model does not fit; an error

@@ -28,7 +28,9 @@ typedef struct {
     int batch_graph_B;
     GpuGraph **capture_into;    // while a step is being captured: &graph or &batch_graph; else NULL
     GpuMega *mega;              // the decode step as one kernel (--megakernel), or NULL: per matrix
-    MegaStage *record;          // while make_mega runs the step: the ops append their stages here
+    GpuCluster *cluster;        // a small model's decode step on a thread-block cluster (--cluster-step), or NULL
+    int cluster_now;            // this step is a decode step the cluster step runs (at a position it holds)
+    MegaStage *record;          // while make_step_kernels runs the step: the ops append their stages here
     int recorded, record_cap;
     int decode_step;            // this step is one token's decode step (M = 1, last logits only)
     int argmax_ready;           // the step's argmax is queued (its kernel in the graph or after it, or the megakernel's)
@@ -60,7 +62,7 @@ static void set_input(Exec *e, LinearCall *c, LinearKernel k, Input in) {
     c->norm_eps = e->cfg.norm_eps;
 }
 
-// While make_mega records the decode step (GPU(e)->record): the op's stage appended instead of
+// While make_step_kernels records the decode step (GPU(e)->record): the op's stage appended instead of
 // run. A linear stage keeps its norm (the megakernel folds every one).
 static int record(Exec *e, MegaStage stage) {
     GpuExec *g = GPU(e);
@@ -163,38 +165,47 @@ static void gpu_op_describe_run(const Exec *e, char *buf, size_t n) {
 // (a graph for another size replaces it).
 static void gpu_op_end(Exec *e);
 
-// Whether a decode step is the megakernel and takes its own argmax (and feeds the next step).
-static int mega_argmax(const GpuExec *g) { return g->mega && gpu_mega_argmax(g->mega); }
+// Whether a decode step is the megakernel or the cluster step and takes its own argmax (and
+// feeds the next step).
+static int mega_argmax(const GpuExec *g) { return g->cluster_now || (g->mega && gpu_mega_argmax(g->mega)); }
 
-// The decode step as one kernel, then the argmax where the kernel does not take it (gpu_op_end,
-// which also ends a capture).
+// Whether the cluster step runs a decode step at position pos.
+static int cluster_runs(const GpuExec *g, int pos) { return g->cluster && pos < gpu_cluster_positions(g->cluster); }
+
+// The decode step as the megakernel or the cluster step, then the argmax where the kernel does
+// not take it (gpu_op_end, which also ends a capture).
 static StepStart run_mega(Exec *e) {
-    gpu_mega_launch(GPU(e)->ctx, GPU(e)->mega);
+    GpuExec *g = GPU(e);
+    if (g->cluster_now) gpu_cluster_launch(g->ctx, g->cluster);
+    else gpu_mega_launch(g->ctx, g->mega);
     gpu_op_end(e);
     return STEP_ALREADY_RAN;
 }
 
 static StepStart gpu_op_begin(Exec *e, const int *tokens, const Step *st, int all_logits) {
     GpuExec *g = GPU(e);
-    if (g->record) return RUN_THE_OPS;   // make_mega: nothing runs
+    if (g->record) return RUN_THE_OPS;   // make_step_kernels: nothing runs
     gpu_set_inputs(g->ctx, tokens, st->M, st->pos);
     const int batch_step = st->layout == ONE_TOKEN_PER_SEQUENCE;
     g->decode_step = st->M == 1 && !all_logits && !batch_step;
+    g->cluster_now = g->decode_step && cluster_runs(g, st->pos);
     g->argmax_ready = 0;
-    const StepStart ops = g->decode_step && g->mega ? STEP_ALREADY_RAN : RUN_THE_OPS;
-    if (!g->opt.use_graph || !(g->decode_step || batch_step)) return ops == STEP_ALREADY_RAN ? run_mega(e) : ops;
+    const StepStart ops = g->decode_step && (g->mega || g->cluster_now) ? STEP_ALREADY_RAN : RUN_THE_OPS;
+    // the cluster step is launched, not replayed: a step's layers then start while the classifier
+    // of the step queued before it runs (PDL), where a graph starts after the graph before it
+    if (g->cluster_now || !g->opt.use_graph || !(g->decode_step || batch_step)) return ops == STEP_ALREADY_RAN ? run_mega(e) : ops;
     if (batch_step && g->batch_graph && g->batch_graph_B != st->M) {
         gpu_graph_free(g->batch_graph);
         g->batch_graph = NULL;
     }
-    GpuGraph *graph = batch_step ? g->batch_graph : g->graph;
+    GpuGraph **slot = batch_step ? &g->batch_graph : &g->graph, *graph = *slot;
     if (graph) {
         gpu_graph_launch(g->ctx, graph);
         g->argmax_ready = g->decode_step;
         return STEP_ALREADY_RAN;
     }
     gpu_graph_begin(g->ctx);   // the ops below are recorded, not run
-    g->capture_into = batch_step ? &g->batch_graph : &g->graph;
+    g->capture_into = slot;
     if (batch_step) g->batch_graph_B = st->M;
     return ops == STEP_ALREADY_RAN ? run_mega(e) : ops;
 }
@@ -258,8 +269,18 @@ static int gpu_op_sample_rows(Exec *e, const float *logits, int rows, float temp
     return 0;
 }
 
-// Greedy decode with the step replayed as a graph whose argmax (its last kernel, or the megakernel's
-// own) feeds the next step's input on the device and writes the token to host memory: step p + 1
+// Queues the decode step at position pos, its token the one the step before feeds it: the
+// cluster step's launches, or the step's graph; 0 where neither is there yet.
+static int queue_fed_step(GpuExec *g, int pos) {
+    if (cluster_runs(g, pos)) gpu_cluster_launch(g->ctx, g->cluster);
+    else if (g->graph) gpu_graph_launch(g->ctx, g->graph);
+    else return 0;
+    return 1;
+}
+
+// Greedy decode with the step replayed as a graph (or the cluster step launched) whose argmax (its
+// last kernel, or the megakernel's or cluster step's own) feeds the next step's input on the
+// device and writes the token to host memory: step p + 1
 // is queued before step p's token is read, so the GPU never waits for the host (printing, the
 // next launch), and the stream holds nothing but the steps. A step queued past a BOS is computed
 // and discarded.
@@ -267,7 +288,7 @@ static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps
                                 void *ctx) {
     GpuExec *g = GPU(e);
     if (!g->opt.use_graph) return NOT_PIPELINED;
-    int next = gpu_op_argmax(e, logits), generated = 0;
+    int next = gpu_op_argmax(e, logits), generated = 0, queued = 0;
     gpu_step_tokens_clear(g->ctx);   // (the stream is idle: gpu_op_argmax waited)
     for (;;) {
         pos++, generated++;
@@ -277,10 +298,11 @@ static int gpu_op_decode_greedy(Exec *e, const float *logits, int pos, int steps
             break;
         }
         if (pos >= steps) break;
-        // the first step takes its inputs from the host (and captures the graph); the step after
-        // it, the token the device feeds it; then this step's token, as it lands in host memory
-        if (generated == 1) forward(e, &next, 1, pos, 0);
-        if (pos + 1 < steps) gpu_graph_launch(g->ctx, g->graph);
+        // a step not queued (the first, and the first at positions past the cluster step's) takes
+        // its inputs from the host (and captures its graph); the step after it, the token the
+        // device feeds it; then this step's token, as it lands in host memory
+        if (!queued) forward(e, &next, 1, pos, 0);
+        queued = pos + 1 < steps && queue_fed_step(g, pos + 1);
         next = gpu_step_token_wait(g->ctx, pos);
     }
     g->argmax_ready = 0;
@@ -300,6 +322,7 @@ static void gpu_op_release(Exec *e) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu_free(bufs[i]);
     if (g->graph) gpu_graph_free(g->graph);
     gpu_mega_free(g->mega);
+    if (g->cluster) gpu_cluster_free(g->cluster);
     if (g->batch_graph) gpu_graph_free(g->batch_graph);
     gpu_free(g->d_map);
     if (g->d_owned) gpu_free(g->d_owned);
@@ -409,11 +432,12 @@ static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
     gpu_sync(g->ctx);
 }
 
-// The decode step's schedule for the megakernel: forward() run once with the ops recording their
-// stages (the embedding row; per layer q, k and v with the norm, biases, RoPE and KV store,
-// attention, the output projection + residual, w1 and w3 with the SwiGLU, w2 + residual; the
-// classifier): the same calls, on the same buffers, as the per-matrix path's decode step.
-static GpuMega *make_mega(Exec *e, char *why) {
+// The decode step's schedule for the megakernel and the cluster step: forward() run once with the
+// ops recording their stages (the embedding row; per layer q, k and v with the norm, biases, RoPE
+// and KV store, attention, the output projection + residual, w1 and w3 with the SwiGLU, w2 +
+// residual; the classifier): the same calls, on the same buffers, as the per-matrix path's
+// decode step. Each that cannot run here says why, and the step runs a kernel per matrix.
+static void make_step_kernels(Exec *e, int mega, int cluster) {
     const Config *p = &e->cfg;
     GpuExec *g = GPU(e);
     g->record_cap = 2 + 5 * p->n_layers, g->recorded = 0;
@@ -421,10 +445,13 @@ static GpuMega *make_mega(Exec *e, char *why) {
     const int token = 0;
     forward(e, &token, 1, 0, 0);
     const MegaAttention at = {p->n_heads, p->n_kv_heads, p->head_dim, p->seq_len, g->opt.kv_half};
-    GpuMega *m = gpu_mega_create(g->ctx, g->record, g->recorded, at, why);
+    char no[ERR_LEN];
+    if (mega && !(g->mega = gpu_mega_create(g->ctx, g->record, g->recorded, at, no)))
+        fprintf(stderr, "run: the decode step runs a kernel per matrix: the megakernel cannot run here (%s)\n", no);
+    if (cluster && !(g->cluster = gpu_cluster_create(g->ctx, g->record, g->recorded, at, no)))
+        fprintf(stderr, "run: the decode step runs without the cluster step: it cannot run here (%s)\n", no);
     free(g->record);
     g->record = NULL;
-    return m;
 }
 
 // "gpu int8 fused; CUDA graph, PDL, FP16 KV cache, copy-engine GEMV": the path and its options.
@@ -434,10 +461,15 @@ static void describe_path(Exec *e, const Model *m, const GpuOptions *o) {
                      : o->path == PATH_UNFUSED ? "gpu int8 unfused (dequant + cuBLAS)"
                                                : "gpu int8 fused";
     const int fused = m->quantized && o->path == PATH_FUSED;
-    char mega[224] = "";
+    char mega[448] = "";
     if (GPU(e)->mega) {
         strcpy(mega, "; decode megakernel: ");
         gpu_mega_describe(GPU(e)->mega, mega + strlen(mega), sizeof mega - strlen(mega));
+    }
+    if (GPU(e)->cluster) {
+        const size_t at = strlen(mega);
+        snprintf(mega + at, sizeof mega - at, "; decode cluster step: ");
+        gpu_cluster_describe(GPU(e)->cluster, mega + strlen(mega), sizeof mega - strlen(mega));
     }
     snprintf(e->desc, sizeof e->desc, "%s; %s, %s, FP%d KV cache%s%s%s", path, o->use_graph ? "CUDA graph" : "no graph",
              o->pdl ? "PDL" : "no PDL", 8 * e->kv_bytes, o->tma_gemv && fused ? ", copy-engine GEMV" : "",
@@ -504,11 +536,8 @@ int gpu_exec_init(Exec *e, const Model *m, GpuOptions opt, char *why) {
     e->w = &g->w;
     e->priv = g;
     alloc_state(&e->s, p, kv_bytes, n_seqs, gpu_alloc);
-    if (opt.megakernel && m->quantized && opt.path == PATH_FUSED) {
-        char no[ERR_LEN];
-        g->mega = make_mega(e, no);
-        if (!g->mega) fprintf(stderr, "run: the decode step runs a kernel per matrix: the megakernel cannot run here (%s)\n", no);
-    }
+    const int fused_int8 = m->quantized && opt.path == PATH_FUSED;
+    if (fused_int8 && (opt.megakernel || opt.cluster_step)) make_step_kernels(e, opt.megakernel, opt.cluster_step);
     describe_path(e, m, &opt);
     return 0;
 }

@@ -167,6 +167,20 @@ void gpu_mega_describe(const GpuMega *m, char *buf, size_t n);
 int gpu_mega_argmax(const GpuMega *m);   // the step's greedy argmax taken in the kernel (no argmax_kernel)
 void gpu_mega_free(GpuMega *m);
 
+// ---- The decode step of a small model on one thread-block cluster (cuda/cluster_step.cuh,
+// sm_90a): the layers on a cluster of 16 or 8 SMs, the activations handed over in their shared
+// memory, the classifier and the greedy argmax on the other SMs (two kernels, launched from the
+// host at every step as each other's programmatic dependents). It takes the same recorded stages as
+// gpu_mega_create, always takes the argmax (as gpu_mega_argmax) and writes the logits. It runs
+// the steps at positions below gpu_cluster_positions only: past them its attention does not
+// hold a head's earlier rows.
+typedef struct GpuCluster GpuCluster;
+GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why);
+void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c);
+int gpu_cluster_positions(const GpuCluster *c);
+void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n);
+void gpu_cluster_free(GpuCluster *c);
+
 #ifdef __cplusplus
 }
 #endif

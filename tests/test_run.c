@@ -1469,7 +1469,7 @@ static void test_agreement(void) {
     else test_greedy_agreement("code15M.bin", 60, 40);
 }
 
-#define N_GPU_GROUPS 7   // test groups skipped as one each when there is no GPU
+#define N_GPU_GROUPS 8   // test groups skipped as one each when there is no GPU
 #ifdef HAVE_GPU
 
 static GpuCtx *gctx;
@@ -1873,17 +1873,18 @@ static void test_gpu_linear(void) {
 // llama2.c v2 INT8 form (row-aligned groups of v2_gs): real files, so the GPU executor uploads them.
 // random_model_files: where > 0, the classifier's rows repeat with this period (and row 1, BOS's,
 // is zeros), so that a step's largest logit is tied in every stretch of rows.
-static int tied_classifier_period;
+static int tied_classifier_period, bos_row_zero;
 
 static void random_model_files(Config c, int shared, int gs, int v2_gs, char *fp32, char *q8, char *v2) {
     Model m;
     random_model(&m, c, 0, 0, shared);
     for (size_t i = 0; i < (size_t)c.vocab_size * c.dim; i++) ((float *)m.w.tok_embedding.f)[i] *= 0.3f;
     const Mat *cls = &m.w.wcls;
-    for (int r = 1; tied_classifier_period > 0 && !shared && r < c.vocab_size; r++) {
+    for (int r = 1; (tied_classifier_period > 0 || bos_row_zero) && !shared && r < c.vocab_size; r++) {
         float *row = (float *)cls->f + (size_t)r * cls->stride;
         if (r == 1) memset(row, 0, c.dim * sizeof(float));
-        else if (r >= tied_classifier_period) memcpy(row, cls->f + (size_t)(r % tied_classifier_period) * cls->stride, c.dim * sizeof(float));
+        else if (tied_classifier_period > 0 && r >= tied_classifier_period)
+            memcpy(row, cls->f + (size_t)(r % tied_classifier_period) * cls->stride, c.dim * sizeof(float));
     }
     write_v1(fp32, &m);
     if (v2) write_v2(v2, &m, v2_gs);
@@ -1992,6 +1993,11 @@ static const GpuRun gpu_runs[] = {
     // against the per-matrix FP16 cache: the same cache up to a key or value rounded the other way
     // to FP16 (each path's sums differ in their last bits), well within either's error from the CPU
     {"megakernel, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .megakernel = 1), 3e-3, 5, 0, 1e-3},
+    // a small model's step on a thread-block cluster (INT8, up to 512 positions): the same digits
+    // as the megakernel's, the attention unsplit
+    {"cluster step, graph", GPU_RUN(.use_graph = 1, .pdl = 1, .cluster_step = 1), 1e-4, 9, 0, 1e-5},
+    {"cluster step, no graph, no PDL", GPU_RUN(.cluster_step = 1), 1e-4, 15, 0, 0},
+    {"cluster step, FP16 KV cache", GPU_RUN(.use_graph = 1, .kv_half = 1, .pdl = 1, .cluster_step = 1), 3e-3, 5, 0, 1e-3},
 };
 
 // The megakernel compiled for a shape that the model of compare_executors must take with an FP16
@@ -2008,6 +2014,20 @@ static int mega_expected(const Model *m) {
         while (gs > 16 && gs % 2 == 0) gs /= 2;
         ok = ok && gs == 16 && w[i]->stride % 16 == 0;
     }
+    return ok;
+}
+
+// Whether the cluster step can run an INT8 model (cuda/cluster_step.cuh's limits): groups of a
+// multiple of 16, a width of at most 1024 (a multiple of 4), q, k and v together and the hidden
+// width at most 1536 each, heads of at most 128 whose cache rows are whole 16-byte units, at most
+// 32 layers, and a GPU with thread-block clusters.
+static int cluster_expected(const Model *m, int kv_half) {
+    const Config *c = &m->cfg;
+    const Mat *w[] = {&m->w.wq[0], &m->w.wk[0], &m->w.wo[0], &m->w.w1[0], &m->w.w2[0], &m->w.wcls};
+    const int hs = c->head_dim, kv_dim = c->n_kv_heads * hs;
+    int ok = m->quantized && gpu_has_sm90a() && c->dim <= 1024 && c->dim % 4 == 0 && q_dim_of(c) + 2 * kv_dim <= 1536 &&
+             c->hidden_dim <= 1536 && hs <= 128 && hs * (kv_half ? 2 : 4) % 16 == 0 && c->n_layers <= 32;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) ok = ok && w[i]->gs % 16 == 0;
     return ok;
 }
 
@@ -2051,6 +2071,10 @@ static void compare_executors(const char *label, const char *file, int T, int fi
         }
         if (run->opt.megakernel && mega_expected(&m) && !strstr(g.desc, "megakernel")) {
             snprintf(name, sizeof name, "%s: %s (%s) runs the megakernel", label, path_of(&g), run->how);
+            check(0, name, "it fell back: %s", g.desc);
+        }
+        if (run->opt.cluster_step && cluster_expected(&m, run->opt.kv_half) && !strstr(g.desc, "cluster step")) {
+            snprintf(name, sizeof name, "%s: %s (%s) runs the cluster step", label, path_of(&g), run->how);
             check(0, name, "it fell back: %s", g.desc);
         }
         if (run->opt.megakernel && run->opt.kv_half && mega_shape_expected) {
@@ -2271,6 +2295,50 @@ static void test_gpu_long_context(void) {
     compare_executors("random model, head size 64, gqa ratio 2, context 1300 int8 gs64", q8, 1100, 1040, 0);
 }
 
+// The cluster step up to the positions its attention holds (512), then the other path on the same
+// caches: on a context of 600, every position's logits decoded from 508 on (across 513, the first
+// past them) against the CPU; and the pipelined greedy text from the start for 560 tokens (the
+// graph of the steps past 512 captured on the way; per matrix, and the megakernel) against the
+// CPU's. The classifier's row for BOS is zeros, so that the greedy text does not stop at a BOS.
+static void test_gpu_cluster_step(void) {
+    Config c = LLAMA2C_CONFIG(256, 96, 2, 4, 2, 97, 600);
+    char *fp32 = tpath("cl32.bin"), *q8 = tpath("cl8.bin"), err[ERR_LEN], name[200];
+    bos_row_zero = 1;
+    random_model_files(c, 0, 64, 0, fp32, q8, NULL);
+    bos_row_zero = 0;
+    compare_executors("random model, context 600, decoded across the cluster step's 512 positions, int8 gs64", q8, 530, 508, 0);
+    Model m;
+    if (load_model(q8, &m, err)) {
+        check(0, "gpu cluster step: load", "%s", err);
+        return;
+    }
+    const int n = 560;
+    Exec cpu;
+    cpu_exec_init(&cpu, &m, 1, 0);
+    const int *ref = greedy_tokens(&cpu, n);
+    cpu.ops->release(&cpu);
+    const GpuRun runs[] = {
+        {"cluster step, then per matrix", GPU_RUN(.use_graph = 1, .pdl = 1, .cluster_step = 1), 0, -1, 0, 0},
+        {"cluster step, then the megakernel", GPU_RUN(.use_graph = 1, .pdl = 1, .cluster_step = 1, .megakernel = 1), 0, -1, 0, 0},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        Exec g;
+        snprintf(name, sizeof name, "gpu %s: greedy text == cpu for %d tokens, across 512 positions", runs[r].how, n);
+        if (gpu_exec_init(&g, &m, runs[r].opt, err)) {
+            check(0, name, "gpu_exec_init: %s", err);
+            continue;
+        }
+        if (cluster_expected(&m, 0) && !strstr(g.desc, "cluster step")) check(0, name, "the cluster step fell back: %s", g.desc);
+        const int *got = greedy_tokens(&g, n);
+        int same = 0;
+        while (same < n && got[same + 1] == ref[same + 1] && ref[same + 1] != BOS) same++;
+        check(same == n, name, "first difference (or a BOS) at token %d", same);
+        g.ops->release(&g);
+    }
+    free_model(&m);
+    arena_free();
+}
+
 // Sampled generation on stories260K with the tokens sampled on the device against the same run
 // sampling on the host (--host-sample): identical logits either way, so identical text unless a
 // coin falls within rounding of a token's boundary (the test fails if one ever does for these
@@ -2469,6 +2537,7 @@ static void test_gpu(void) {
     if (models || !strcmp(gpu_part, "random")) run_group("gpu random models", test_gpu_random_models);
     if (models || !strcmp(gpu_part, "random")) run_group("gpu random models with Hugging Face features", test_gpu_hf_models);
     if (models || !strcmp(gpu_part, "long")) run_group("gpu long contexts", test_gpu_long_context);
+    if (models || !strcmp(gpu_part, "long")) run_group("gpu cluster step across its positions", test_gpu_cluster_step);
     if (models || !strcmp(gpu_part, "real")) run_group("gpu real models", test_gpu_real);
     if (models || !strcmp(gpu_part, "real")) run_group("gpu imports: Hugging Face and GGUF", test_gpu_imports);
 }

@@ -1,0 +1,918 @@
+// cluster_step.cuh: a small model's decode step with its layers on one thread-block cluster and
+// its classifier on the other SMs (sm_90), then its host side. The design and its probe:
+// bench/NOTES.md 111 and bench/cluster_probe.cu.
+//   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and 8 consumer warps
+//                         each: every block keeps the residual stream and the x of its hop in its
+//                         own shared memory; a hop's writers store each output into every block's
+//                         copy (st.shared::cluster) and arrive on each block's mbarrier, so that a
+//                         hop starts with one wait on the block's own barrier, no L2 on the chain
+//   cs_classifier_kernel  the final norm, the logits and the greedy argmax on the SMs the cluster
+//                         leaves, launched as the layers' programmatic dependent: its blocks copy
+//                         their rows into shared memory while the layers run; the last block out
+//                         feeds the token to the next step as argmax_kernel does
+//   cs_pack_kernel        the linear layers' rows copied at load into records (a row's int8
+//                         weights, its group scales, its bias) in the order the ring takes them
+//   gpu_cluster_create, gpu_cluster_launch, gpu_cluster_positions, gpu_cluster_free
+//
+// A layer is five hops: q, k and v (the norm, biases, RoPE and the KV store in its epilogue), the
+// attention (a block a head), the output projection (+ the residual), w1 and w3 (the norm and
+// the SwiGLU), w2 (+ the residual). A block's weights, norm weights and the attention's earlier
+// key and value rows (none depends on the step's activations) stream through a ring of 16 KB
+// slots in the hops' order, by bulk copies from one producer lane that waits for no activation.
+// A hop's x is split once by each block into three int8 digits a group of 128 (x to within about
+// 1e-7 of its group's largest element, as the megakernel's MkX); a lane keeps its 16-column chunks'
+// digits in registers, a row costs 12 dp4a a chunk, and a warp sums 8 rows in 9 shuffles.
+// The attention holds a head's earlier rows in the ring at once: steps past kCsMaxPos positions
+// (gpu_cluster_positions) run on another path over the same caches.
+#include <cuda.h>           // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
+
+namespace {
+
+constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
+constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = 16;
+constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
+constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
+constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
+
+enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
+// A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
+// rows_per_piece a slot), or the attention (a block a head). Records: a row's int8 weights padded
+// to 16 bytes, its FP32 group scales, then (QKV with biases, at bias_at) its bias; rec bytes each,
+// a multiple of 16. SWIGLU's rows alternate w1's and w3's (2i, 2i + 1: row i of each).
+struct CsHop {
+    int kind, K, rows, rec, rows_per_block, rows_per_piece;
+    int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
+    const unsigned char *w;
+    const float *gamma;   // the norm's weights (K), or null
+};
+
+struct CsParams {
+    int n_hops, cluster, dim, q_dim, kvd, n_heads, n_kv_heads, hs, seq, vocab;
+    int per;   // a slot's rows of a head's keys (or values)
+    float eps;
+    const CsHop *hops;
+    const int *inputs;   // the step's position, then its token
+    const int8_t *emb_q;   // the embedding: INT8 rows with group scales, or FP32 rows
+    const float *emb_s, *emb_f;
+    int emb_stride, emb_groups, emb_gs;
+    const float *rope_freq;   // (hs / 2)
+    void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
+    float *out;               // the last residual stream (dim): the classifier's x
+    CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
+};
+struct CsClsParams {
+    int dim, vocab, rec, rows_per_block, group_chunks;
+    float eps;
+    const unsigned char *w;    // the classifier's records
+    const float *gamma, *x;    // the final norm's weights; x: CsParams::out
+    float *logits;
+    unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps)
+    int *inputs, *argmax;      // fed as argmax_kernel feeds them
+    unsigned long long *step_tokens;
+};
+
+// cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
+// one and writes the other, or the residual), x's digits, the attention's scratch, the hops.
+struct CsSmem {
+    unsigned char ring[kCsSlots][kCsSlotBytes];
+    float res[kCsMaxDim];
+    float xb[2][kCsMaxX];
+    uint32_t digits[3][kCsMaxX / 4];
+    float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+    float scores[kCsMaxPos + 1];
+    float part[4 * kCsMaxHead];
+    float red[2][kCsWarps];
+    float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
+    int pos;
+    unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
+    CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
+};
+// cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
+struct CsClsSmem {
+    unsigned char rows[kCsPreload];
+    float gamma[kCsMaxDim], x[kCsMaxDim];
+    uint32_t digits[3][kCsMaxX / 4];
+    float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+    unsigned long long best[kCsWarps];
+    unsigned long long landed;
+};
+
+__device__ __forceinline__ uint32_t cs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ bool cs_try(uint32_t a, int parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ bool cs_try_cluster(uint32_t a, int parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+    return done;
+}
+__device__ __forceinline__ void cs_wait(uint32_t a, int parity) {
+    while (!cs_try(a, parity)) {}
+}
+__device__ __forceinline__ void cs_wait_cluster(uint32_t a, int parity) {
+    while (!cs_try_cluster(a, parity)) {}
+}
+__device__ __forceinline__ uint32_t cs_remote(uint32_t a, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void cs_store_remote(uint32_t a, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cs_arrive_remote(uint32_t a) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
+}
+// A box of a 2-D tensor (map: a __grid_constant__ parameter's) at column col and row row, counted
+// against bar's expected bytes as bulk copies are (rows past the tensor land as zeros).
+__device__ __forceinline__ void cs_copy_box(uint32_t dst, const CUtensorMap *map, int col, int row, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(col), "r"(row), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void cs_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ int cs_rank() {
+    int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cs_consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kCsConsumers) : "memory"); }
+
+// The greedy argmax's key: larger logits larger keys, of equal logits the first index; 0 (no
+// key) for NaN and -inf, which argmax_kernel never takes either (its token is then 0).
+__device__ __forceinline__ unsigned long long cs_key(float v, int i) {
+    if (!(v > -INFINITY)) return 0ull;
+    const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v), ordered = (b & 0x80000000u) ? ~b : b | 0x80000000u;
+    return (unsigned long long)ordered << 32 | (0xffffffffu - (unsigned)i);
+}
+__device__ __forceinline__ int cs_token_of(unsigned long long key) { return key ? (int)(0xffffffffu - (unsigned)key) : 0; }
+
+// The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
+struct CsRing {
+    CsSmem *s;
+    int base;   // the block's first piece of the hop
+    __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
+    __device__ unsigned char *wait(int i) const {
+        const int n = base + i;
+        cs_wait(cs_saddr(&s->full[n % kCsSlots]), (n / kCsSlots) & 1);
+        return at(i);
+    }
+    __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }   // by one lane a warp
+};
+
+// A linear hop's rows in this block.
+__device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
+
+// The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
+// only after the kernels before have finished (the step before wrote the last of them).
+template <typename KV>
+__device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
+    if (threadIdx.x % 32) return;
+    int n = 0, kp = -1;
+    auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
+        const int slot = n % kCsSlots, round = n / kCsSlots;
+        if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1);
+        mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
+        n++;
+        return slot;
+    };
+    const int box_bytes = p.per * p.hs * (int)sizeof(KV);
+    for (int i = 0; i < p.n_hops; i++) {
+        const CsHop &h = s->hops[i];
+        if (h.kind == CS_ATTN) {
+            if (kp < 0) {
+                pdl_wait();
+                kp = (__ldcg(p.inputs) + p.per - 1) / p.per;
+            }
+            for (int head = rank; head < p.n_heads; head += p.cluster) {
+                const int kvh = head / (p.n_heads / p.n_kv_heads);
+                for (int c = 0; c < 2; c++)
+                    for (int j = 0; j < kp; j++) {   // a whole box: its rows past the step's position land too, unread
+                        const int slot = slot_for(box_bytes);
+                        cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
+                                    cs_saddr(&s->full[slot]));
+                    }
+            }
+            continue;
+        }
+        if (h.gamma) {
+            const int slot = slot_for(4 * h.K);
+            bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
+        }
+        const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
+        for (int r = 0; r < mine; r += h.rows_per_piece) {
+            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes);
+            bulk_copy_counted(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
+        }
+    }
+}
+
+// x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
+// 4], four a word), a warp a group, each group's step in u; returns the norm's inverse RMS to
+// every consumer (1 without a norm). Ends with the consumers' barrier (kBlock: the block's).
+template <bool kBlock>
+__device__ float cs_stage_digits(uint32_t (*digits)[kCsMaxX / 4], float *u, float *ss_out, const float *x, int K, const float *gamma,
+                                 float eps) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
+    for (int g = warp; g < G; g += kCsWarps) {
+        float v[4], ss = 0.0f, m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = g * kCsGroup + 4 * lane + i;
+            const float xk = k < K ? x[k] : 0.0f;
+            ss += xk * xk;
+            v[i] = gamma && k < K ? xk * gamma[k] : xk;
+            m = fmaxf(m, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
+        const float step = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / step;
+        uint32_t d[3] = {0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float r = v[i] * inv;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
+                d[pl] |= (uint32_t)((int)q & 0xff) << (8 * i);
+                r = (r - q) * 254.0f;
+            }
+        }
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
+        if (lane == 0) u[g] = step, ss_out[g] = ss;
+    }
+    if (kBlock) __syncthreads();
+    else cs_consumers_sync();
+    if (!gamma) return 1.0f;
+    float ss = 0.0f;
+    for (int g = 0; g < G; g++) ss += ss_out[g];
+    return inv_rms_of(ss, K, eps);
+}
+
+// This lane's chunks of x (16 columns each: lane, lane + 32, ...): their digits, steps and the
+// weights' scale of each.
+struct CsLaneX {
+    uint4 d[kCsChunks][3];
+    float u[kCsChunks];
+    int scale[kCsChunks];
+    int chunks;
+    __device__ void load(const uint32_t (*digits)[kCsMaxX / 4], const float *u_of, int K, int group_chunks) {
+        const int lane = threadIdx.x % 32;
+        chunks = (K + 15) / 16;
+#pragma unroll
+        for (int j = 0; j < kCsChunks; j++) {
+            const int c = lane + 32 * j;
+            u[j] = c < chunks ? u_of[c / 8] : 0.0f;
+            scale[j] = c / group_chunks;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
+        }
+    }
+};
+
+__device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
+    int a = __dp4a((int)w.x, (int)d.x, 0);
+    a = __dp4a((int)w.y, (int)d.y, a);
+    a = __dp4a((int)w.z, (int)d.z, a);
+    return __dp4a((int)w.w, (int)d.w, a);
+}
+
+// This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
+// shared or global memory) into acc.
+__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const CsLaneX &x, float acc[8]) {
+    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        acc[r] = 0.0f;
+        if (r >= n) continue;
+        const unsigned char *at = first + (size_t)r * rec;
+        const float *scale = reinterpret_cast<const float *>(at + scales_at);
+#pragma unroll
+        for (int j = 0; j < kCsChunks; j++) {
+            const int c = lane + 32 * j;
+            if (c >= x.chunks) continue;
+            const uint4 w = reinterpret_cast<const uint4 *>(at)[c];
+            const float sum = (float)cs_dot4(w, x.d[j][0]) + (float)cs_dot4(w, x.d[j][1]) * (1.0f / 254.0f) +
+                              (float)cs_dot4(w, x.d[j][2]) * (1.0f / (254.0f * 254.0f));
+            acc[r] += scale[x.scale[j]] * x.u[j] * sum;
+        }
+    }
+}
+
+// Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
+__device__ __forceinline__ float cs_sum8(const float acc[8]) {
+    const int lane = threadIdx.x % 32;
+    float a4[4], a2[2];
+    const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float keep = b16 ? acc[i + 4] : acc[i], send = b16 ? acc[i] : acc[i + 4];
+        a4[i] = keep + __shfl_xor_sync(~0u, send, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float keep = b8 ? a4[i + 2] : a4[i], send = b8 ? a4[i] : a4[i + 2];
+        a2[i] = keep + __shfl_xor_sync(~0u, send, 8);
+    }
+    float v = (b4 ? a2[1] : a2[0]) + __shfl_xor_sync(~0u, b4 ? a2[0] : a2[1], 4);
+    v += __shfl_xor_sync(~0u, v, 2);
+    return v + __shfl_xor_sync(~0u, v, 1);
+}
+
+// What QKV's epilogue does to row `row`'s finished sum v (other: its pair's): the bias, RoPE on
+// q and k, and the KV store of k and v at the step's position (by one lane of the four).
+template <typename KV>
+__device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem *s, const CsHop &h, int row, bool valid, float v,
+                                                 float other) {
+    const int lane = threadIdx.x % 32;
+    float out = v;
+    if (row < p.q_dim + p.kvd) {   // RoPE: pair (2i, 2i + 1) of each head turns by pos * freq[i]
+        const int i = (row < p.q_dim ? row : row - p.q_dim) % p.hs / 2;
+        const float cs = s->rope_cos[i], sn = s->rope_sin[i];
+        out = (row & 1) ? other * sn + v * cs : v * cs - other * sn;
+    }
+    if (valid && row >= p.q_dim && lane % 4 == 0) {
+        const int e = row - p.q_dim, is_v = e >= p.kvd, c = is_v ? e - p.kvd : e;
+        KV *cache = static_cast<KV *>(is_v ? p.vcache : p.kcache);
+        cache[((size_t)h.layer * p.seq + s->pos) * p.kvd + c] = (KV)out;
+    }
+    return out;
+}
+
+// A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
+// block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
+// lane `rank` of a warp. Returns the pieces it took.
+template <typename KV>
+__device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int piece = 0;
+    const float *gamma = nullptr;
+    if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
+    const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+    if (h.gamma && lane == 0) ring.release(0);
+    CsLaneX lx;
+    lx.load(s->digits, s->u, h.K, h.group_chunks);
+    const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
+    const uint32_t dst_at = cs_saddr(dst);
+    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
+        const unsigned char *bytes = ring.wait(piece);
+        const int in_piece = min(h.rows_per_piece, mine - r0);
+        // 8 rows a warp at once, the hop's batches dealt round the warps across its pieces
+        for (int b = 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps); b < in_piece; b += 8 * kCsWarps) {
+            float acc[8];
+            cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
+            const bool valid = b + r < in_piece;
+            float v = cs_sum8(acc) * inv_rms;
+            if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
+            const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
+            float out = v;
+            if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * (1.0f / (1.0f + expf(-v))) * other;
+            else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
+            else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
+            // lane `rank` of the warp stores the 8 rows into block `rank`'s copy
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float o = __shfl_sync(~0u, out, 4 * q);
+                const int orow = row0 + r0 + b + q;
+                if (lane < p.cluster && b + q < in_piece) {
+                    if (h.kind != CS_SWIGLU) cs_store_remote(cs_remote(dst_at + 4 * orow, lane), o);
+                    else if (!(q & 1)) cs_store_remote(cs_remote(dst_at + 4 * (orow / 2), lane), o);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) ring.release(piece);
+    }
+    return piece;
+}
+
+// q . k for a key row k of the ring, each lane starting at its own 4-byte word of the row (rows
+// hs * sizeof(KV) bytes apart: lanes on consecutive rows would otherwise meet in one bank).
+__device__ __forceinline__ float cs_dot_key(const float *q, const float *k, int hs, int lane) {
+    float sc = 0.0f;
+    for (int j = 0, i = lane % hs; j < hs; j++, i = i + 1 < hs ? i + 1 : 0) sc += q[i] * k[i];
+    return sc;
+}
+__device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int hs, int lane) {
+    const __half2 *k2 = reinterpret_cast<const __half2 *>(k);
+    const int n = hs / 2;
+    float sc = 0.0f;
+    for (int j = 0, i = lane % n; j < n; j++, i = i + 1 < n ? i + 1 : 0) {
+        const float2 kf = __half22float2(k2[i]);
+        sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
+    }
+    return sc;
+}
+
+// The attention of the block's heads at the step's position P: q, k and v of the step in x (q,
+// then k, then v), the earlier rows of the head's kv head from the ring (kp pieces of its key
+// rows, then kp of its value rows). Returns the pieces it took.
+template <typename KV>
+__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = (P + p.per - 1) / p.per;
+    const uint32_t dst_at = cs_saddr(dst);
+    const float scale = 1.0f / sqrtf((float)p.hs);
+    int nth = 0;
+    for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
+        const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
+        const float *q = x + head * p.hs;
+        // scores: a thread a position (the step's own from x); every key piece waited for first, so
+        // that no wait sits in the loop
+        for (int i = 0; i < kp; i++) ring.wait(base + i);
+        float m = -INFINITY;
+        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
+            float sc = 0.0f;
+            if (t < P) {
+                sc = cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)(t % p.per) * p.hs, p.hs, lane);
+            } else {   // the step's own key, as the cache holds it (FP16: rounded)
+                const float *k = x + p.q_dim + kvh * p.hs;
+                for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
+            }
+            sc *= scale;
+            s->scores[t] = sc;
+            m = fmaxf(m, sc);
+        }
+        m = warp_max(m);
+        if (lane == 0) s->red[0][warp] = m;
+        cs_consumers_sync();
+        m = s->red[0][0];
+        for (int w = 1; w < kCsWarps; w++) m = fmaxf(m, s->red[0][w]);
+        if (lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + i);
+        float sum = 0.0f;
+        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
+            const float e = expf(s->scores[t] - m);
+            s->scores[t] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) s->red[1][warp] = sum;
+        cs_consumers_sync();
+        sum = 0.0f;
+        for (int w = 0; w < kCsWarps; w++) sum += s->red[1][w];
+        // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
+        for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
+        for (int e = threadIdx.x; e < 4 * p.hs; e += kCsConsumers) {
+            const int d = e % p.hs, part = e / p.hs;
+            float a = 0.0f;
+            for (int t = part; t < P; t += 4) {
+                const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + t / p.per)) + (size_t)(t % p.per) * p.hs;
+                a += s->scores[t] * (float)v[d];
+            }
+            if (part == 0) a += s->scores[P] * (float)(KV)x[p.q_dim + p.kvd + kvh * p.hs + d];   // (as the cache holds it)
+            s->part[e] = a;
+        }
+        cs_consumers_sync();
+        if (lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + kp + i);
+        for (int d = warp; d < p.hs; d += kCsWarps) {
+            const float o = (s->part[d] + s->part[p.hs + d] + s->part[2 * p.hs + d] + s->part[3 * p.hs + d]) / sum;
+            if (lane < p.cluster) cs_store_remote(cs_remote(dst_at + 4 * (head * p.hs + d), lane), o);
+        }
+        cs_consumers_sync();   // part and scores free for the next head
+    }
+    return 2 * kp * nth;
+}
+
+// The step's position and token (after the kernels before have finished), its embedding row into
+// the residual stream, the step's RoPE angles (sincosf(pos * freq), as the per-matrix path's).
+__device__ void cs_embed(const CsParams &p, CsSmem *s) {
+    const int pos = __ldcg(p.inputs), token = min(max(__ldcg(p.inputs + 1), 0), p.vocab - 1);   // (ids checked by the host)
+    const size_t row = (size_t)token * p.emb_stride;
+    for (int i = threadIdx.x; i < p.dim; i += kCsConsumers)
+        s->res[i] = p.emb_f ? __ldg(p.emb_f + row + i) : __ldg(p.emb_q + row + i) * __ldg(p.emb_s + (size_t)token * p.emb_groups + i / p.emb_gs);
+    for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) sincosf(pos * __ldg(p.rope_freq + i), &s->rope_sin[i], &s->rope_cos[i]);
+    if (threadIdx.x == 0) s->pos = pos;
+    cs_consumers_sync();
+}
+
+template <typename KV>
+__device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
+    const int lane = threadIdx.x % 32;
+    pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
+    cs_embed(p, s);
+    unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
+    int piece = 0;         // the block's pieces of the hops before
+    for (int i = 0; i < p.n_hops; i++) {
+        const CsHop &h = s->hops[i];
+        if (i > 0) {
+            cs_wait_cluster(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
+            phases ^= 1u << (i & 1);
+        }
+        const float *x = h.kind == CS_QKV || h.kind == CS_SWIGLU ? s->res : s->xb[i & 1];
+        float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
+        const CsRing ring = {s, piece};
+        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst) : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst);
+        __syncwarp();
+        if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
+    }
+    cs_wait_cluster(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
+    if (rank == 0)
+        for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
+    asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
+}
+
+template <typename KV>
+__global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_constant__ CsParams p) {
+    extern __shared__ __align__(128) unsigned char cs_smem[];
+    CsSmem *s = reinterpret_cast<CsSmem *>(cs_smem);
+    const int rank = cs_rank();
+    pdl_release();   // the classifier's blocks may start copying their rows
+    const int words = p.n_hops * (int)sizeof(CsHop) / 4;
+    for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsWarps);
+        for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), p.cluster * kCsWarps);
+        mbar_init_fence();
+    }
+    cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
+    if (threadIdx.x >= kCsConsumers) cs_produce<KV>(p, s, rank);
+    else cs_consume<KV>(p, s, rank);
+    __syncwarp();
+    cs_cluster_sync();   // no block leaves while another may still write its shared memory
+}
+
+// The classifier on the SMs the layers leave: a block's rows copied in while the layers run
+// (those past kCsPreload read from global memory), then the final norm, the logits and the
+// block's argmax into the step's key; the last block out takes the token and feeds it.
+__device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
+    if (best) atomicMax(c.best, best);
+    __threadfence();
+    if (atomicAdd(c.best + 1, 1ull) != gridDim.x - 1) return;
+    __threadfence();
+    const int token = cs_token_of(atomicExch(c.best, 0ull)), pos = __ldcg(c.inputs);
+    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
+    *c.argmax = token;
+    feed_step_token(c.inputs, c.step_tokens, pos, token);
+}
+
+__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
+    extern __shared__ __align__(128) unsigned char cs_smem[];
+    CsClsSmem *s = reinterpret_cast<CsClsSmem *>(cs_smem);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
+    const int held = min(mine, kCsPreload / c.rec & ~7);   // (a batch of 8 rows all held or none)
+    if (threadIdx.x == 0) {
+        mbar_init(cs_saddr(&s->landed), 1);
+        mbar_init_fence();
+        mbar_arrive_expect(cs_saddr(&s->landed), held * c.rec + 4 * c.dim);
+        bulk_copy_counted(cs_saddr(s->gamma), c.gamma, 4 * c.dim, cs_saddr(&s->landed));
+        for (int at = 0; at < held * c.rec; at += 32768)
+            bulk_copy_counted(cs_saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), cs_saddr(&s->landed));
+    }
+    pdl_release();   // the next step's layers may start streaming
+    pdl_wait();      // the layers: x
+    __syncthreads();   // the barrier initialised
+    cs_wait(cs_saddr(&s->landed), 0);
+    for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
+    __syncthreads();
+    const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+    CsLaneX lx;
+    lx.load(s->digits, s->u, c.dim, c.group_chunks);
+    unsigned long long best = 0;
+    for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
+        const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
+        float acc[8];
+        cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
+        const float v = cs_sum8(acc) * inv_rms;
+        const int row = b + lane / 4;
+        if (lane % 4 == 0 && row < mine) {
+            c.logits[row0 + row] = v;
+            best = max(best, cs_key(v, row0 + row));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
+    if (lane == 0) s->best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
+    cs_feed_if_last(c, best);
+}
+
+// Records of rows from up to three matrices (one after another, or w1's and w3's alternating):
+// block r writes record r.
+struct CsPackSrc {
+    const int8_t *q[3];
+    const float *s[3], *bias[3];
+    int rows[3], stride[3], groups[3];
+};
+__global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave, int K, int rec, int bias_at) {
+    int r = blockIdx.x, j = 0;
+    if (interleave) j = r & 1, r >>= 1;
+    else
+        while (j < 2 && r >= src.rows[j]) r -= src.rows[j], j++;
+    const int scales_at = (K + 15) & ~15, groups = src.groups[j];
+    unsigned char *rec_out = out + (size_t)blockIdx.x * rec;
+    for (int i = threadIdx.x; i < rec; i += blockDim.x) {
+        unsigned char byte = 0;
+        if (i < K) byte = (unsigned char)src.q[j][(size_t)r * src.stride[j] + i];
+        else if (i >= scales_at && i < scales_at + 4 * groups) {
+            const float v = src.s[j][(size_t)r * groups + (i - scales_at) / 4];
+            byte = reinterpret_cast<const unsigned char *>(&v)[(i - scales_at) % 4];
+        } else if (bias_at && i >= bias_at && i < bias_at + 4) {
+            const float v = src.bias[j][r];
+            byte = reinterpret_cast<const unsigned char *>(&v)[i - bias_at];
+        }
+        rec_out[i] = byte;
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Host side: the schedule from the recorded step (the same MegaStage list the megakernel takes).
+
+struct GpuCluster {
+    CsParams p;
+    CsClsParams c;
+    CsHop *hops;               // device copy of the hops
+    unsigned char *pack;       // every linear layer's records, the classifier's last
+    size_t pack_bytes, smem, cls_smem;
+    int cls_blocks, positions;
+    unsigned long long *best;  // CsClsParams::best
+    void (*layers)(CsParams);
+};
+
+namespace {
+
+// What a linear stage of the recorded step must be for its hop (else why).
+static bool cs_linear_ok(const MegaStage &m, LinearForm form, const float *x, const float *y, int accumulate, bool norm, char *why) {
+    const LinearCall &c = m.linear;
+    const int n_w = form == LINEAR_QKV_ROPE ? 3 : form == LINEAR_SWIGLU ? 2 : 1;
+    if (m.kind != MEGA_LINEAR || c.form != form || c.M != 1 || c.x != x || (y && c.y != y) || c.accumulate != accumulate ||
+        (c.norm_w != NULL) != norm)
+        return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
+    for (int j = 0; j < n_w; j++) {
+        const Mat *w = c.w[j];
+        if (!w->q || w->gs % 16 || w->cols != c.w[0]->cols || w->gs != c.w[0]->gs)
+            return snprintf(why, ERR_LEN, "a linear layer is not INT8 in groups of a multiple of 16"), false;
+    }
+    return true;
+}
+
+// A linear hop of the stage's matrices: its norm's weights (copied: the bulk copies want 16-byte
+// alignment, which a file's layout need not give) and its records packed at *at in the pack (or,
+// with pack NULL, only their bytes counted).
+static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *pack, size_t *at, int layer, GpuCtx *g) {
+    const int n_w = kind == CS_QKV ? 3 : kind == CS_SWIGLU ? 2 : 1, K = c.w[0]->cols, groups = c.w[0]->groups;
+    const bool bias = kind == CS_QKV && c.qkv.bias[0];
+    CsHop h = {};
+    h.kind = kind, h.K = K, h.layer = layer, h.group_chunks = c.w[0]->gs / 16;
+    if (c.norm_w) {
+        if (pack) CUDA_CHECK(cudaMemcpyAsync(pack + *at, c.norm_w, 4 * (size_t)K, cudaMemcpyDeviceToDevice, g->stream));
+        h.gamma = pack ? reinterpret_cast<const float *>(pack + *at) : c.norm_w;
+        *at += round_up(4 * K, 16);
+    }
+    for (int j = 0; j < n_w; j++) h.rows += c.w[j]->rows;
+    h.bias_at = bias ? round_up(K, 16) + 4 * groups : 0;
+    h.rec = round_up(K, 16) + round_up(4 * groups + (bias ? 4 : 0), 16);
+    h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
+    h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
+    if (pack) {
+        CsPackSrc src = {};
+        for (int j = 0; j < n_w; j++) {
+            const Mat *w = c.w[j];
+            src.q[j] = w->q, src.s[j] = w->s, src.bias[j] = bias ? c.qkv.bias[j] : NULL;
+            src.rows[j] = w->rows, src.stride[j] = w->stride, src.groups[j] = w->groups;
+        }
+        h.w = pack + *at;
+        launch(g, "cs_pack_kernel", cs_pack_kernel, dim3(h.rows), dim3(128), 0, pack + *at, src, (int)(kind == CS_SWIGLU), K, h.rec, h.bias_at);
+    }
+    *at += (size_t)h.rows * h.rec;
+    return h;
+}
+
+// The recorded step's hops (pack NULL: only checked and counted; else packed), their records'
+// bytes in *bytes; false with why where the step is not what the kernel runs.
+// The caches must be one block of layers x seq_len rows (the first sequence's), as the tensor
+// maps take them.
+static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int cluster, unsigned char *pack, CsHop *hops, size_t *bytes,
+                    char *why) {
+    const int layers = (n - 2) / 5;
+    const size_t layer_bytes = (size_t)at.seq_len * at.n_kv_heads * at.head_size * (at.kv_half ? 2 : 4);
+    if (n < 7 || (n - 2) % 5 || st[0].kind != MEGA_EMBED) return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
+    if (5 * layers > kCsMaxHops) return snprintf(why, ERR_LEN, "%d layers, more than its %d", layers, kCsMaxHops / 5), false;
+    float *res = st[0].x;
+    *bytes = 0;
+    for (int l = 0; l < layers; l++) {
+        const MegaStage *s = st + 1 + 5 * l;
+        const LinearCall &qkv = s[0].linear;
+        const float *att_out = s[1].out, *hidden = s[3].linear.y;
+        if (!cs_linear_ok(s[0], LINEAR_QKV_ROPE, res, NULL, 0, true, why)) return false;
+        if (s[1].kind != MEGA_ATTENTION || s[1].q != qkv.y || s[1].key_cache != qkv.qkv.key_cache || s[1].value_cache != qkv.qkv.value_cache ||
+            qkv.qkv.seq_stride)
+            return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
+        const QkvRope &r = qkv.qkv, &r0 = st[1].linear.qkv;
+        if ((const char *)r.key_cache != (const char *)r0.key_cache + l * layer_bytes ||
+            (const char *)r.value_cache != (const char *)r0.value_cache + l * layer_bytes || r.kv_half != at.kv_half ||
+            r.head_size != at.head_size || r.rope_freq != r0.rope_freq)
+            return snprintf(why, ERR_LEN, "its caches are not one block of layers"), false;
+        if (!cs_linear_ok(s[2], LINEAR_PLAIN, att_out, res, 1, false, why) || !cs_linear_ok(s[3], LINEAR_SWIGLU, res, NULL, 0, true, why) ||
+            !cs_linear_ok(s[4], LINEAR_PLAIN, hidden, res, 1, false, why))
+            return false;
+        hops[5 * l + 0] = cs_hop(qkv, CS_QKV, cluster, pack, bytes, l, g);
+        hops[5 * l + 1] = CsHop{};
+        hops[5 * l + 1].kind = CS_ATTN, hops[5 * l + 1].layer = l;
+        hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
+        hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
+        hops[5 * l + 4] = cs_hop(s[4].linear, CS_RESID, cluster, pack, bytes, l, g);
+    }
+    if (!cs_linear_ok(st[n - 1], LINEAR_PLAIN, res, NULL, 0, true, why)) return false;
+    return true;
+}
+
+// The shapes the kernels hold (else why): widths, heads, each hop's records.
+static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const CsHop *hops, char *why) {
+    const LinearCall &qkv = st[1].linear, &w13 = st[4].linear;
+    const int dim = qkv.w[0]->cols, q_dim = at.n_heads * at.head_size, kvd = at.n_kv_heads * at.head_size, hidden = w13.w[0]->rows;
+    const int esize = at.kv_half ? 2 : 4;
+    if (dim > kCsMaxDim || dim % 4 || q_dim + 2 * kvd > kCsMaxX || hidden > kCsMaxX || q_dim % 2 || kvd % 2)
+        return snprintf(why, ERR_LEN, "width %d, q, k and v %d or hidden %d past its %d, %d and %d", dim, q_dim + 2 * kvd, hidden, kCsMaxDim,
+                        kCsMaxX, kCsMaxX), false;
+    if (at.head_size > kCsMaxHead || at.head_size * esize % 16 || at.n_heads % at.n_kv_heads)
+        return snprintf(why, ERR_LEN, "head size %d (it takes multiples of %d up to %d)", at.head_size, 16 / esize, kCsMaxHead), false;
+    const Mat *wo = st[3].linear.w[0], *w2 = st[5].linear.w[0];
+    const bool biases = qkv.qkv.bias[0] || qkv.qkv.bias[1] || qkv.qkv.bias[2];
+    if (qkv.w[0]->rows != q_dim || qkv.w[1]->rows != kvd || qkv.w[2]->rows != kvd || w13.w[1]->rows != hidden || wo->cols != q_dim ||
+        wo->rows != dim || w2->cols != hidden || w2->rows != dim || (biases && !(qkv.qkv.bias[0] && qkv.qkv.bias[1] && qkv.qkv.bias[2])) ||
+        st[n - 1].linear.w[0]->cols != dim || st[0].embedding->cols != dim || (!st[0].embedding->q && !st[0].embedding->f))
+        return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
+    for (int i = 0; i < n - 2; i++)
+        if (hops[i].kind != CS_ATTN && hops[i].rows_per_piece < 8)
+            return snprintf(why, ERR_LEN, "a row of %d columns is past its slots' %d bytes / 8", hops[i].K, kCsSlotBytes), false;
+    return true;
+}
+
+// The caches as 2-D tensors (layers x seq rows of kvd elements), a box of per rows of a head.
+static bool cs_cache_map(CUtensorMap *map, const void *cache, MegaAttention at, int layers, int per, char *why) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (!fn || found != cudaDriverEntryPointSuccess) return snprintf(why, ERR_LEN, "the driver has no cuTensorMapEncodeTiled"), false;
+    const int esize = at.kv_half ? 2 : 4, kvd = at.n_kv_heads * at.head_size;
+    const cuuint64_t dims[2] = {(cuuint64_t)kvd, (cuuint64_t)layers * at.seq_len}, strides[1] = {(cuuint64_t)kvd * esize};
+    const cuuint32_t box[2] = {(cuuint32_t)at.head_size, (cuuint32_t)per}, steps[2] = {1, 1};
+    const CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
+        map, at.kv_half ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void *>(cache), dims, strides, box,
+        steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return snprintf(why, ERR_LEN, "cuTensorMapEncodeTiled: error %d", (int)r), false;
+    return true;
+}
+
+// The largest cluster (16, else 8) of blocks of smem bytes this GPU places, leaving SMs for the
+// classifier; 0 where none.
+static int cs_cluster_size(GpuCtx *g, void (*kernel)(CsParams), size_t smem) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int size = kCsMaxCluster; size >= 8; size /= 2) {
+        if (g->sms <= size) continue;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = size, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(size), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = smem, cfg.attrs = &attr, cfg.numAttrs = 1;
+        int clusters = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();   // a size the GPU does not take: try the next
+            continue;
+        }
+        if (clusters >= 1) return size;
+    }
+    return 0;
+}
+
+static void cs_free(GpuCluster *c) {
+    if (!c) return;
+    if (c->hops) CUDA_CHECK(cudaFree(c->hops));
+    if (c->pack) CUDA_CHECK(cudaFree(c->pack));
+    if (c->best) CUDA_CHECK(cudaFree(c->best));
+    free(c);   // (aligned_alloc's)
+}
+
+// The records' copy on the device (false with why where the GPU's memory has no room for it).
+static bool cs_alloc_pack(GpuCluster *c, char *why) {
+    constexpr size_t kMargin = 256u << 20;   // the schedule's own buffers and the step's graph come after it
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const cudaError_t e = c->pack_bytes + kMargin <= free_bytes ? cudaMalloc(&c->pack, c->pack_bytes) : cudaErrorMemoryAllocation;
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        c->pack = NULL;
+        return snprintf(why, ERR_LEN, "its copy of the weights (%.2f GB) does not fit the GPU's free memory (%.2f GB)", c->pack_bytes / 1e9,
+                        free_bytes / 1e9), false;
+    }
+    CUDA_CHECK(e);
+    return true;
+}
+
+// The classifier's launch: its records after the layers', a share of the rows a block.
+static bool cs_classifier(GpuCtx *g, GpuCluster *c, const LinearCall &cls, size_t at, int optin, char *why) {
+    c->cls_blocks = g->sms - c->p.cluster;
+    size_t end = at;
+    const CsHop h = cs_hop(cls, CS_RESID, 1, c->pack, &end, 0, g);   // (the records as a hop's, one block's rows)
+    CsClsParams &k = c->c;
+    k.dim = h.K, k.vocab = h.rows, k.rec = h.rec, k.group_chunks = h.group_chunks, k.eps = cls.norm_eps;
+    k.rows_per_block = round_up(ceil_div_i(h.rows, c->cls_blocks), 8);
+    k.w = h.w, k.gamma = h.gamma, k.x = c->p.out, k.logits = cls.y;
+    c->cls_smem = sizeof(CsClsSmem);
+    if (c->cls_smem > (size_t)optin) return snprintf(why, ERR_LEN, "its classifier's %zu bytes of shared memory", c->cls_smem), false;
+    CUDA_CHECK(cudaFuncSetAttribute(cs_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->cls_smem));
+    return true;
+}
+
+static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, char *why) {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    // (the mbarrier and bulk-copy wrappers are empty in other machine code: common.cuh)
+    if (!sm90a_available()) return snprintf(why, ERR_LEN, "it needs compute capability 9.0 (sm_90a)"), (GpuCluster *)NULL;
+    if (n < 7 || n > 2 + kCsMaxHops) return snprintf(why, ERR_LEN, "%d layers (it takes 1 to %d)", (n - 2) / 5, kCsMaxHops / 5), (GpuCluster *)NULL;
+    // (the tensor maps in it want their 64-byte alignment, more than calloc's)
+    GpuCluster *c = (GpuCluster *)aligned_alloc(alignof(GpuCluster), sizeof(GpuCluster));   // (a size its multiple)
+    if (!c) return snprintf(why, ERR_LEN, "out of memory"), (GpuCluster *)NULL;
+    memset((void *)c, 0, sizeof(GpuCluster));
+    CsHop hops[kCsMaxHops];
+    CsParams &p = c->p;
+    p.n_hops = n - 2;
+    c->smem = offsetof(CsSmem, hops) + (size_t)p.n_hops * sizeof(CsHop);
+    c->layers = at.kv_half ? cs_layers_kernel<__half> : cs_layers_kernel<float>;
+    if (c->smem > (size_t)optin) return snprintf(why, ERR_LEN, "its %zu bytes of shared memory", c->smem), cs_free(c), (GpuCluster *)NULL;
+    p.cluster = cs_cluster_size(g, c->layers, c->smem);
+    if (!p.cluster) return snprintf(why, ERR_LEN, "this GPU places no cluster of 8 or 16 of its blocks"), cs_free(c), (GpuCluster *)NULL;
+    if (!cs_hops(g, st, n, at, p.cluster, NULL, hops, &c->pack_bytes, why) || !cs_shape_fits(st, n, at, hops, why))
+        return cs_free(c), (GpuCluster *)NULL;
+    const LinearCall &cls = st[n - 1].linear, &qkv = st[1].linear;
+    size_t cls_at = c->pack_bytes;
+    {
+        size_t cls_bytes = cls_at;
+        cs_hop(cls, CS_RESID, 1, NULL, &cls_bytes, 0, g);
+        c->pack_bytes = cls_bytes;
+    }
+    if (!cs_alloc_pack(c, why)) return cs_free(c), (GpuCluster *)NULL;
+    size_t at_bytes = 0;
+    cs_hops(g, st, n, at, p.cluster, c->pack, hops, &at_bytes, why);
+    const int esize = at.kv_half ? 2 : 4;
+    p.dim = qkv.w[0]->cols, p.q_dim = at.n_heads * at.head_size, p.kvd = at.n_kv_heads * at.head_size;
+    p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.hs = at.head_size, p.seq = at.seq_len, p.vocab = cls.w[0]->rows;
+    p.per = kCsSlotBytes / (at.head_size * esize) < 256 ? kCsSlotBytes / (at.head_size * esize) : 256;
+    p.eps = qkv.norm_eps, p.inputs = g->inputs, p.rope_freq = qkv.qkv.rope_freq;
+    const Mat *emb = st[0].embedding;
+    p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
+    p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
+    p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
+    const int layers = p.n_hops / 5;
+    // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
+    // at once) and kCsMaxPos scores
+    c->positions = at.seq_len < kCsMaxPos + 1 ? at.seq_len : kCsMaxPos + 1;
+    if (c->positions > kCsSlots * p.per + 1) c->positions = kCsSlots * p.per + 1;
+    if (!cs_cache_map(&p.kmap, p.kcache, at, layers, p.per, why) || !cs_cache_map(&p.vmap, p.vcache, at, layers, p.per, why) ||
+        !cs_classifier(g, c, cls, cls_at, optin, why))
+        return cs_free(c), (GpuCluster *)NULL;
+    CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
+    CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
+    p.hops = c->hops;
+    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
+    c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
+    return c;
+}
+
+}  // namespace
+
+extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
+    return cs_create(g, stages, n, at, why);
+}
+
+extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
+    cudaLaunchAttribute attrs[2];
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = g->pdl;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = c->p.cluster, attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
+    cfg.attrs = attrs, cfg.numAttrs = 2;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
+}
+
+extern "C" int gpu_cluster_positions(const GpuCluster *c) { return c->positions; }
+
+extern "C" void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n) {
+    snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy",
+             c->p.cluster, c->smem / 1024, c->cls_blocks, c->positions - 1, c->pack_bytes / 1e9);
+}
+
+extern "C" void gpu_cluster_free(GpuCluster *c) { cs_free(c); }
