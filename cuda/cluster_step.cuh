@@ -59,6 +59,7 @@ struct CsParams {
     const float *rope_freq;   // (hs / 2)
     void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
     float *out;               // the last residual stream (dim): the classifier's x
+    unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
 };
 struct CsClsParams {
@@ -70,6 +71,7 @@ struct CsClsParams {
     unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps)
     int *inputs, *argmax;      // fed as argmax_kernel feeds them
     unsigned long long *step_tokens;
+    unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
 };
 
 // cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
@@ -144,6 +146,21 @@ __device__ __forceinline__ int cs_rank() {
     return r;
 }
 __device__ __forceinline__ void cs_consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kCsConsumers) : "memory"); }
+
+// CS_TRACE (a measurement build): %globaltimer stamps of one step, printed after the 101st launch
+// (gpu_cluster_launch): the layers' block 0 when its consumers' PDL wait returns (0), when the
+// embedding row is in (1), when each hop's input has arrived (2 + i) and the last hop's (2 +
+// n_hops); the classifier's block 0 when its PDL wait returns (n_hops + 3), the last block out
+// when the token is fed (n_hops + 4).
+__device__ __forceinline__ void cs_stamp(unsigned long long *trace, int k) {
+#ifdef CS_TRACE
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[k] = t;
+#else
+    (void)trace, (void)k;
+#endif
+}
 
 // The greedy argmax's key: larger logits larger keys, of equal logits the first index; 0 (no
 // key) for NaN and -inf, which argmax_kernel never takes either (its token is then 0).
@@ -498,8 +515,11 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
 template <typename KV>
 __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     const int lane = threadIdx.x % 32;
+    const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
+    if (stamp) cs_stamp(p.trace, 0);
     cs_embed(p, s);
+    if (stamp) cs_stamp(p.trace, 1);
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
     int piece = 0;         // the block's pieces of the hops before
     for (int i = 0; i < p.n_hops; i++) {
@@ -508,6 +528,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
             cs_wait_cluster(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
             phases ^= 1u << (i & 1);
         }
+        if (stamp) cs_stamp(p.trace, 2 + i);
         const float *x = h.kind == CS_QKV || h.kind == CS_SWIGLU ? s->res : s->xb[i & 1];
         float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
         const CsRing ring = {s, piece};
@@ -516,6 +537,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
     }
     cs_wait_cluster(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
+    if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
     if (rank == 0)
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
@@ -553,6 +575,7 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
+    if (c.trace) cs_stamp(c.trace, 1);
 }
 
 __global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
@@ -571,6 +594,7 @@ __global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const Cs
     }
     pdl_release();   // the next step's layers may start streaming
     pdl_wait();      // the layers: x
+    if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0);
     for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
@@ -797,6 +821,7 @@ static void cs_free(GpuCluster *c) {
     if (c->hops) CUDA_CHECK(cudaFree(c->hops));
     if (c->pack) CUDA_CHECK(cudaFree(c->pack));
     if (c->best) CUDA_CHECK(cudaFree(c->best));
+    if (c->p.trace) CUDA_CHECK(cudaFree(c->p.trace));
     free(c);   // (aligned_alloc's)
 }
 
@@ -885,6 +910,10 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
+#ifdef CS_TRACE
+    CUDA_CHECK(cudaMalloc(&p.trace, (p.n_hops + 5) * sizeof(unsigned long long)));
+    c->c.trace = p.trace + p.n_hops + 3;
+#endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
     return c;
 }
@@ -894,6 +923,28 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
 extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why) {
     return cs_create(g, stages, n, at, why);
 }
+
+#ifdef CS_TRACE
+// The 101st launch's stamps (cs_stamp), in us: the layers' phases, each kind of hop's mean (from
+// its input's arrival to the next hop's), the classifier's.
+static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
+    const int n = c->p.n_hops;
+    unsigned long long t[kCsMaxHops + 5];
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaMemcpy(t, c->p.trace, (n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
+    double kind_us[4] = {0, 0, 0, 0};
+    int kind_n[4] = {0, 0, 0, 0};
+    CsHop hops[kCsMaxHops];
+    CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++) kind_us[hops[i].kind] += (t[3 + i] - t[2 + i]) / 1e3, kind_n[hops[i].kind]++;
+    fprintf(stderr,
+            "cluster step trace (us): embedding %.2f; layers %.2f (%.2f a layer): QKV %.2f, attention %.2f, output projection and w2 "
+            "%.2f, w1/w3 %.2f a hop; layers' end to the classifier's wait done %.2f, the classifier to the token fed %.2f\n",
+            (t[1] - t[0]) / 1e3, (t[2 + n] - t[1]) / 1e3, (t[2 + n] - t[1]) / 1e3 / (n / 5), kind_us[CS_QKV] / kind_n[CS_QKV],
+            kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
+            ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+}
+#endif
 
 extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cudaLaunchAttribute attrs[2];
@@ -906,6 +957,10 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
+#ifdef CS_TRACE
+    static int launches = 0;
+    if (++launches == 101) cs_trace_report(g, c);
+#endif
 }
 
 extern "C" int gpu_cluster_positions(const GpuCluster *c) { return c->positions; }
