@@ -412,18 +412,23 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     return piece;
 }
 
-// q . k for a key row k of the ring, each lane starting at its own 4-byte word of the row (rows
-// hs * sizeof(KV) bytes apart: lanes on consecutive rows would otherwise meet in one bank).
-__device__ __forceinline__ float cs_dot_key(const float *q, const float *k, int hs, int lane) {
+// q . k for row `row` of a slot of key rows (n 4-byte words each), the row's words taken from a
+// word of its own on: a warp's lanes take consecutive rows, and rows whose first words share a
+// bank (every 32 / gcd(n, 32)-th) start at different words, so that no two lanes meet in a bank.
+__device__ __forceinline__ int cs_first_word(int n, int row) {
+    const int low = n & -n, period = low >= 32 ? 1 : 32 / low;
+    return row / period % n;
+}
+__device__ __forceinline__ float cs_dot_key(const float *q, const float *k, int hs, int row) {
     float sc = 0.0f;
-    for (int j = 0, i = lane % hs; j < hs; j++, i = i + 1 < hs ? i + 1 : 0) sc += q[i] * k[i];
+    for (int j = 0, i = cs_first_word(hs, row); j < hs; j++, i = i + 1 < hs ? i + 1 : 0) sc += q[i] * k[i];
     return sc;
 }
-__device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int hs, int lane) {
+__device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int hs, int row) {
     const __half2 *k2 = reinterpret_cast<const __half2 *>(k);
     const int n = hs / 2;
     float sc = 0.0f;
-    for (int j = 0, i = lane % n; j < n; j++, i = i + 1 < n ? i + 1 : 0) {
+    for (int j = 0, i = cs_first_word(n, row); j < n; j++, i = i + 1 < n ? i + 1 : 0) {
         const float2 kf = __half22float2(k2[i]);
         sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
     }
@@ -449,7 +454,8 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
             float sc = 0.0f;
             if (t < P) {
-                sc = cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)(t % p.per) * p.hs, p.hs, lane);
+                const int row = t % p.per;
+                sc = cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)row * p.hs, p.hs, row);
             } else {   // the step's own key, as the cache holds it (FP16: rounded)
                 const float *k = x + p.q_dim + kvh * p.hs;
                 for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
@@ -760,11 +766,13 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
     const LinearCall &qkv = st[1].linear, &w13 = st[4].linear;
     const int dim = qkv.w[0]->cols, q_dim = at.n_heads * at.head_size, kvd = at.n_kv_heads * at.head_size, hidden = w13.w[0]->rows;
     const int esize = at.kv_half ? 2 : 4;
-    if (dim > kCsMaxDim || dim % 4 || q_dim + 2 * kvd > kCsMaxX || hidden > kCsMaxX || q_dim % 2 || kvd % 2)
+    if (dim > kCsMaxDim || q_dim + 2 * kvd > kCsMaxX || hidden > kCsMaxX)
         return snprintf(why, ERR_LEN, "width %d, q, k and v %d or hidden %d past its %d, %d and %d", dim, q_dim + 2 * kvd, hidden, kCsMaxDim,
                         kCsMaxX, kCsMaxX), false;
-    if (at.head_size > kCsMaxHead || at.head_size * esize % 16 || at.n_heads % at.n_kv_heads)
+    if (dim % 4) return snprintf(why, ERR_LEN, "width %d (it takes multiples of 4)", dim), false;
+    if (at.head_size > kCsMaxHead || at.head_size * esize % 16)   // (so q_dim and kvd are even: RoPE's pairs)
         return snprintf(why, ERR_LEN, "head size %d (it takes multiples of %d up to %d)", at.head_size, 16 / esize, kCsMaxHead), false;
+    if (at.n_heads % at.n_kv_heads) return snprintf(why, ERR_LEN, "%d heads over %d kv heads", at.n_heads, at.n_kv_heads), false;
     const Mat *wo = st[3].linear.w[0], *w2 = st[5].linear.w[0];
     const bool biases = qkv.qkv.bias[0] || qkv.qkv.bias[1] || qkv.qkv.bias[2];
     if (qkv.w[0]->rows != q_dim || qkv.w[1]->rows != kvd || qkv.w[2]->rows != kvd || w13.w[1]->rows != hidden || wo->cols != q_dim ||
@@ -958,8 +966,8 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
 #ifdef CS_TRACE
-    static int launches = 0;
-    if (++launches == 101) cs_trace_report(g, c);
+    static int launches = 0;   // (the process's: a measurement runs one model)
+    if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
 #endif
 }
 
