@@ -544,7 +544,7 @@ static const char usage_text[] =
     "  --no-norm-fold   GPU: every RMSNorm as a kernel of its own, not folded into the next GEMV\n"
     "  --host-sample    GPU: draw sampled tokens on the host (the logits cross to it), not the GPU\n"
     "  --megakernel, --no-megakernel  GPU: a decode step of an INT8 model as one persistent kernel\n"
-    "                   (H100/H200) or a kernel per matrix (default: one kernel from 0.5 GB of weights;\n"
+    "                   (H100/H200) or a kernel per matrix (default: one kernel from 70 MB of weights;\n"
     "                   it keeps a second copy of the weights on the GPU, in the order it reads them)\n"
     "  --cluster-step, --no-cluster-step  GPU: a small INT8 model's decode step with its layers on\n"
     "                   one cluster of 16 SMs and its classifier on the others (H100/H200;\n"
