@@ -132,8 +132,8 @@ bench/kv_read_probe: bench/kv_read_probe.cu bench/probe.h
 bench/hop_probe: bench/hop_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/hop_probe.cu
 # A small model's step: its layers on one cluster handing over in shared memory, the classifier beside (bench/NOTES.md 111)
-bench/cluster_probe: bench/cluster_probe.cu bench/probe.h
-	$(NVCC) $(NVFLAGS) -o $@ bench/cluster_probe.cu
+bench/cluster_probe: bench/cluster_probe.cu bench/probe.h $(CUDA_SRC)
+	$(NVCC) $(NVFLAGS) -o $@ bench/cluster_probe.cu -lcublas
 # The integer MMA's latency and throughput (bench/NOTES.md 84)
 bench/mma_probe: bench/mma_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/mma_probe.cu

@@ -32,20 +32,16 @@
 #include <cmath>
 #include <vector>
 #include <algorithm>
-#include <cuda.h>           // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
-#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
-#include <cuda_fp16.h>
 
-#include "probe.h"   // CK
+#include "../kernels.cu"   // the cluster step's pieces (cuda/cluster_step.cuh), the PTX wrappers: one translation unit
+#include "probe.h"         // CK
 
 namespace {
 
-constexpr int kCMost = 16, kWarps = 8, kConsumers = 32 * kWarps, kThreads = kConsumers + 32;
-constexpr int kSlotBytes = 16384, kSlots = 12, kGroup = 128;
-constexpr int kMaxDim = 1024, kMaxX = 1536, kMaxPos = 512, kMaxHops = 160;
-constexpr int kChunksMost = kMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
-constexpr int kPreloadMost = 200 * 1024;       // a classifier block's rows held in shared memory
-constexpr long long kHang = 4000000000ll;      // cycles a wait may take before the probe gives up
+// The probe's kernels do the engine's cluster step's arithmetic with its own pieces (x's digits,
+// a warp's 8 rows and their hand-over, the classifier's block); they differ in where the hops
+// come from (constant memory), the caches tried head-major too, waits that trap, and the timing.
+constexpr long long kHang = 4000000000ll;   // cycles a wait may take before the probe gives up
 
 enum { HOP_QKV, HOP_ATTN, HOP_RESID, HOP_SWIGLU };
 // A hop: a linear layer's rows (each a record of the row's int8 weights padded to 16 bytes, then
@@ -54,13 +50,13 @@ struct Hop {
     int kind, K, rows, rec, rows_per_block, rows_per_piece, norm, layer;
     const unsigned char *w;     // the rows' records
     const float *gamma;         // the norm's weights, or null
-    int first[kCMost], count[kCMost];   // each block's pieces of the hop, in the ring's order
+    int first[kCsMaxCluster], count[kCsMaxCluster];   // each block's pieces of the hop, in the ring's order
 };
-__constant__ Hop c_hops[kMaxHops];
+__constant__ Hop c_hops[kCsMaxHops];
 __constant__ float c_inv_freq[64];   // RoPE's 10000^(-2i / hs), the host's floats (the reference takes the same)
 
 struct Params {
-    int n_hops, step, cluster;   // cluster: the blocks of the cluster (at most kCMost)
+    int n_hops, step, cluster;   // cluster: the blocks of the cluster (at most kCsMaxCluster)
     int dim, kvd, heads, kv_heads, hs, pos, seq, vocab;
     const float *embedding;            // (vocab, dim)
     unsigned long long *best;          // [2]: step s's classifier's argmax key in best[s & 1]
@@ -71,56 +67,22 @@ struct Params {
     unsigned long long *stamps;        // block 0's %globaltimer: the first hop's start, each hop's, the end
     long long *cycles, *waits;         // block 0's clock64 at the same points; thread 0's cycles in the ring's waits a hop
 };
-struct ClsParams {
-    int dim, vocab, rec, rows_per_block, step;
-    const unsigned char *w;            // the classifier's records
-    const float *gamma, *x;            // the final norm's weights; x: Params::out
-    float *logits;
-    unsigned long long *best;
-};
 
 // layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads one
 // and writes the other, or the residual), x's digits, and scratch.
 struct Smem {
-    unsigned char ring[kSlots][kSlotBytes];
-    float res[kMaxDim];
-    float xb[2][kMaxX];
-    uint32_t digits[3][kMaxX / 4];
-    float u[kMaxX / kGroup], ss[kMaxX / kGroup];
-    float scores[kMaxPos + 1];
+    unsigned char ring[kCsSlots][kCsSlotBytes];
+    float res[kCsMaxDim];
+    float xb[2][kCsMaxX];
+    uint32_t digits[3][kCsMaxX / 4];
+    float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+    float scores[kCsMaxPos + 1];
     float part[4 * 128];
-    float red[2][kWarps];
+    float red[2][kCsWarps];
     long long waited;   // thread 0's cycles in the ring's waits this hop
-    unsigned long long full[kSlots], empty[kSlots], xbar[2];
-};
-// classifier_kernel's: its rows, the norm's weights, x and its digits.
-struct ClsSmem {
-    unsigned char rows[kPreloadMost];
-    float gamma[kMaxDim], x[kMaxDim];
-    uint32_t digits[3][kMaxX / 4];
-    float u[kMaxX / kGroup], ss[kMaxX / kGroup];
-    unsigned long long best[kWarps];
-    unsigned long long landed;
+    unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
 };
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void bar_init(uint32_t a, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(uint32_t a) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory"); }
-__device__ __forceinline__ void bar_expect(uint32_t a, int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool bar_try(uint32_t a, int parity) {
-    uint32_t done;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
-    return done;
-}
-__device__ __forceinline__ bool bar_try_cluster(uint32_t a, int parity) {
-    uint32_t done;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
-    return done;
-}
 // A wait that gives up (the kernel traps, the probe reports the launch's error) instead of hanging.
 __device__ __noinline__ void hung(int where) {
     printf("cluster_probe: block %d thread %d waited too long at %d\n", blockIdx.x, threadIdx.x, where);
@@ -128,70 +90,34 @@ __device__ __noinline__ void hung(int where) {
 }
 __device__ __forceinline__ void bar_wait(uint32_t a, int parity, int where) {
     const long long t0 = clock64();
-    while (!bar_try(a, parity))
+    while (!cs_try(a, parity))
         if (clock64() - t0 > kHang) hung(where);
 }
 __device__ __forceinline__ void bar_wait_cluster(uint32_t a, int parity) {
     const long long t0 = clock64();
-    while (!bar_try_cluster(a, parity))
+    while (!cs_try_cluster(a, parity))
         if (clock64() - t0 > kHang) hung(-1);
 }
-__device__ __forceinline__ uint32_t remote(uint32_t a, int rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void store_remote(uint32_t a, float v) { asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory"); }
-__device__ __forceinline__ void arrive_remote(uint32_t a) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void copy_bulk(uint32_t dst, const void *src, int bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src), "r"(bytes),
-                 "r"(bar)
-                 : "memory");
-}
-// A box of a 2-D tensor (map: a __grid_constant__ parameter's) at column col and row row, counted
-// against bar's expected bytes as bulk copies are.
-__device__ __forceinline__ void copy_box(uint32_t dst, const CUtensorMap *map, int col, int row, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-                 "l"(map), "r"(col), "r"(row), "r"(bar)
-                 : "memory");
-}
-__device__ __forceinline__ void cluster_sync() { asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ int cluster_rank() {
-    int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ unsigned long long now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-// The greedy argmax's key: larger logits larger keys, and of equal logits the first index.
-__device__ __forceinline__ unsigned long long best_key(float v, int i) {
-    const unsigned b = __float_as_uint(v), ordered = (b & 0x80000000u) ? ~b : b | 0x80000000u;
-    return (unsigned long long)ordered << 32 | (0xffffffffu - (unsigned)i);
-}
-__host__ __device__ inline int token_of(unsigned long long key) { return (int)(0xffffffffu - (unsigned)key); }
 
-// The ring as the consumers walk it: piece i in slot i % kSlots, phase i / kSlots.
+// The ring as the consumers walk it: piece i in slot i % kCsSlots, phase i / kCsSlots.
 struct Ring {
     Smem *s;
     int base;   // the block's first piece of the hop
-    __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kSlots]; }   // (after a wait for it)
+    __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
     __device__ unsigned char *wait(int i) const {
         const int n = base + i;
         const long long t0 = clock64();
-        bar_wait(saddr(&s->full[n % kSlots]), (n / kSlots) & 1, n);
+        bar_wait(cs_saddr(&s->full[n % kCsSlots]), (n / kCsSlots) & 1, n);
         if (threadIdx.x == 0) s->waited += clock64() - t0;   // (read by block 0's stamps)
         return at(i);
     }
     __device__ void release(int i) const {   // by one lane a warp
-        bar_arrive(saddr(&s->empty[(base + i) % kSlots]));
+        mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots]));
     }
 };
 
@@ -202,17 +128,17 @@ __device__ void produce(const Params &p, Smem *s, int rank) {
     if (threadIdx.x % 32) return;
     int n = 0;
     auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
-        const int slot = n % kSlots, round = n / kSlots;
-        if (round > 0) bar_wait(saddr(&s->empty[slot]), (round - 1) & 1, 100000 + n);
-        bar_expect(saddr(&s->full[slot]), bytes);
+        const int slot = n % kCsSlots, round = n / kCsSlots;
+        if (round > 0) bar_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1, 100000 + n);
+        mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
         n++;
         return slot;
     };
     auto put = [&](const void *src, int bytes) {
         const int slot = slot_for(bytes);
-        copy_bulk(saddr(s->ring[slot]), src, bytes, saddr(&s->full[slot]));
+        bulk_copy_counted(cs_saddr(s->ring[slot]), src, bytes, cs_saddr(&s->full[slot]));
     };
-    const int per = kSlotBytes / (2 * p.hs), kp = (p.pos + per - 1) / per;
+    const int per = kCsSlotBytes / (2 * p.hs), kp = (p.pos + per - 1) / per;
     const size_t layer_cache = (size_t)p.kv_heads * p.seq * p.hs;
     for (int i = 0; i < p.n_hops; i++) {
         const Hop &h = c_hops[i];
@@ -229,7 +155,8 @@ __device__ void produce(const Params &p, Smem *s, int rank) {
                         // a whole box: its rows past the step's position (the next positions, the next
                         // layer's, or zeros past the tensor) land too, and are not read
                         const int slot = slot_for(per * 2 * p.hs);
-                        copy_box(saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * per, saddr(&s->full[slot]));
+                        cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * per,
+                                    cs_saddr(&s->full[slot]));
                     }
                 }
             }
@@ -241,135 +168,27 @@ __device__ void produce(const Params &p, Smem *s, int rank) {
     }
 }
 
-// x (K elements) as three int8 digits a group of 128 (digits[plane][k / 4], four a word), a warp
-// a group, each group's step in u; returns the norm's inverse RMS to every consumer (1 without a
-// norm: gamma null). Ends with the consumers' barrier.
-__device__ float stage_digits(uint32_t (*digits)[kMaxX / 4], float *u, float *ss_out, const float *x, int K, const float *gamma) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kGroup - 1) / kGroup;
-    for (int g = warp; g < G; g += kWarps) {
-        float v[4], ss = 0.0f, m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int k = g * kGroup + 4 * lane + i;
-            const float xk = k < K ? x[k] : 0.0f;
-            ss += xk * xk;
-            v[i] = gamma && k < K ? xk * gamma[k] : xk;
-            m = fmaxf(m, fabsf(v[i]));
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
-        const float step = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / step;
-        uint32_t d[3] = {0, 0, 0};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float r = v[i] * inv;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
-                d[pl] |= (uint32_t)((int)q & 0xff) << (8 * i);
-                r = (r - q) * 254.0f;
-            }
-        }
-#pragma unroll
-        for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
-        if (lane == 0) u[g] = step, ss_out[g] = ss;
-    }
-    consumers_sync();
-    if (!gamma) return 1.0f;
-    float ss = 0.0f;
-    for (int g = 0; g < G; g++) ss += ss_out[g];
-    return rsqrtf(ss / K + 1e-5f);
-}
-
-// This lane's chunks of x (16 columns each: lane, lane + 32, ...): their digits and steps.
-struct LaneX {
-    uint4 d[kChunksMost][3];
-    float u[kChunksMost];
-    int chunks;
-    __device__ void load(const uint32_t (*digits)[kMaxX / 4], const float *u_of, int K) {
-        const int lane = threadIdx.x % 32;
-        chunks = (K + 15) / 16;
-#pragma unroll
-        for (int j = 0; j < kChunksMost; j++) {
-            const int c = lane + 32 * j;
-            u[j] = c < chunks ? u_of[c / 8] : 0.0f;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
-        }
-    }
-};
-
-__device__ __forceinline__ int dot4(uint4 w, uint4 d) {
-    int a = __dp4a((int)w.x, (int)d.x, 0);
-    a = __dp4a((int)w.y, (int)d.y, a);
-    a = __dp4a((int)w.z, (int)d.z, a);
-    return __dp4a((int)w.w, (int)d.w, a);
-}
-
-// This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
-// shared or global memory) into acc.
-__device__ __forceinline__ void rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
-    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        acc[r] = 0.0f;
-        if (r >= n) continue;
-        const unsigned char *at = first + (size_t)r * rec;
-        const float *scale = reinterpret_cast<const float *>(at + scales_at);
-#pragma unroll
-        for (int j = 0; j < kChunksMost; j++) {
-            const int c = lane + 32 * j;
-            if (c >= x.chunks) continue;
-            const uint4 w = reinterpret_cast<const uint4 *>(at)[c];
-            const float sum = (float)dot4(w, x.d[j][0]) + (float)dot4(w, x.d[j][1]) * (1.0f / 254.0f) +
-                              (float)dot4(w, x.d[j][2]) * (1.0f / (254.0f * 254.0f));
-            acc[r] += scale[c / 8] * x.u[j] * sum;
-        }
-    }
-}
-
-// Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
-__device__ __forceinline__ float sum8(const float acc[8]) {
-    const int lane = threadIdx.x % 32;
-    float a4[4], a2[2];
-    const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float keep = b16 ? acc[i + 4] : acc[i], send = b16 ? acc[i] : acc[i + 4];
-        a4[i] = keep + __shfl_xor_sync(~0u, send, 16);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const float keep = b8 ? a4[i + 2] : a4[i], send = b8 ? a4[i] : a4[i + 2];
-        a2[i] = keep + __shfl_xor_sync(~0u, send, 8);
-    }
-    float v = (b4 ? a2[1] : a2[0]) + __shfl_xor_sync(~0u, b4 ? a2[0] : a2[1], 4);
-    v += __shfl_xor_sync(~0u, v, 2);
-    return v + __shfl_xor_sync(~0u, v, 1);
-}
-
 // A linear hop's rows of this block. Output o of the hop goes to every block's dst[o] (dst: the
 // next x buffer, or the residual stream), each block's copy written by lane `rank` of a warp.
 __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, const float *x, float *dst, int layer) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
     const Ring ring = {s, h.first[rank]};
     int piece = 0;
     const float *gamma = nullptr;
     if (h.norm) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
-    const float inv_rms = stage_digits(s->digits, s->u, s->ss, x, h.K, gamma);
+    const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, 1e-5f);
     if (h.norm && lane == 0) ring.release(0);
-    LaneX lx;
-    lx.load(s->digits, s->u, h.K);
+    CsLaneX lx;
+    lx.load(s->digits, s->u, h.K, kCsGroup / 16);
     const int row0 = rank * h.rows_per_block, mine = max(0, min(h.rows_per_block, h.rows - row0));
-    const uint32_t dst_at = saddr(dst);
+    const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
         const int in_piece = min(h.rows_per_piece, mine - r0);
-        // 8 rows a warp at once, the hop's batches dealt round the warps across its pieces
-        for (int b = 8 * ((warp - r0 / 8 % kWarps + kWarps) % kWarps); b < in_piece; b += 8 * kWarps) {
+        for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             float acc[8];
-            rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-            const float v = sum8(acc) * inv_rms;
+            cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            const float v = cs_sum8(acc) * inv_rms;
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's v is
             const bool valid = b + r < in_piece;
             const float other = __shfl_xor_sync(~0u, v, 4);     // the pair's other row (rows 8-aligned)
@@ -391,16 +210,7 @@ __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, con
                                                   : (((size_t)layer * p.kv_heads + c / p.hs) * p.seq + p.pos) * p.hs + c % p.hs;
                 cache[at] = __float2half(out);
             }
-            // lane `rank` of the warp stores the 8 rows into block `rank`'s copy
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const float o = __shfl_sync(~0u, out, 4 * q);
-                const int orow = row0 + r0 + b + q;
-                if (lane < p.cluster && b + q < in_piece) {
-                    if (h.kind != HOP_SWIGLU) store_remote(remote(dst_at + 4 * orow, lane), o);
-                    else if (!(q & 1)) store_remote(remote(dst_at + 4 * (orow / 2), lane), o);
-                }
-            }
+            cs_share_rows8(dst_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == HOP_SWIGLU);
         }
         __syncwarp();
         if (lane == 0) ring.release(piece);
@@ -410,10 +220,10 @@ __device__ void linear_hop(const Params &p, Smem *s, const Hop &h, int rank, con
 // The attention of the block's heads: q, k and v of the step in x (q, then k, then v), the
 // earlier rows of the head's kv head from the ring (its key rows' pieces, then its value rows').
 __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, const float *x, float *dst) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per = kSlotBytes / (2 * p.hs), P = p.pos;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, per = kCsSlotBytes / (2 * p.hs), P = p.pos;
     const int kp = (P + per - 1) / per;
     const Ring ring = {s, h.first[rank]};
-    const uint32_t dst_at = saddr(dst);
+    const uint32_t dst_at = cs_saddr(dst);
     const float scale = rsqrtf((float)p.hs);
     for (int head = rank, nth = 0; head < p.heads; head += p.cluster, nth++) {
         const int kvh = head / (p.heads / p.kv_heads), base = 2 * kp * nth;
@@ -422,14 +232,11 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
         // that no wait sits in the loop
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         float m = -INFINITY;
-        for (int t = threadIdx.x; t <= P; t += kConsumers) {
+        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
             float sc = 0.0f;
             if (t < P) {
-                const __half2 *k = reinterpret_cast<const __half2 *>(ring.at(base + t / per) + (size_t)(t % per) * 2 * p.hs);
-                for (int i = 0; i < p.hs / 2; i++) {
-                    const float2 kf = __half22float2(k[i]);
-                    sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
-                }
+                const int row = t % per;
+                sc = cs_dot_key(q, reinterpret_cast<const __half *>(ring.at(base + t / per)) + (size_t)row * p.hs, p.hs, row);
             } else {
                 const float *k = x + p.dim + kvh * p.hs;
                 for (int i = 0; i < p.hs; i++) sc += q[i] * k[i];
@@ -438,29 +245,27 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
             s->scores[t] = sc;
             m = fmaxf(m, sc);
         }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+        m = warp_max(m);
         if (lane == 0) s->red[0][warp] = m;
-        consumers_sync();
+        cs_consumers_sync();
         m = s->red[0][0];
-        for (int w = 1; w < kWarps; w++) m = fmaxf(m, s->red[0][w]);
+        for (int w = 1; w < kCsWarps; w++) m = fmaxf(m, s->red[0][w]);
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + i);
         float sum = 0.0f;
-        for (int t = threadIdx.x; t <= P; t += kConsumers) {
+        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
             const float e = __expf(s->scores[t] - m);
             s->scores[t] = e;
             sum += e;
         }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(~0u, sum, o);
+        sum = warp_sum(sum);
         if (lane == 0) s->red[1][warp] = sum;
-        consumers_sync();
+        cs_consumers_sync();
         sum = 0.0f;
-        for (int w = 0; w < kWarps; w++) sum += s->red[1][w];
+        for (int w = 0; w < kCsWarps; w++) sum += s->red[1][w];
         // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
         for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
-        for (int e = threadIdx.x; e < 4 * p.hs; e += kConsumers) {
+        for (int e = threadIdx.x; e < 4 * p.hs; e += kCsConsumers) {
             const int d = e % p.hs, part = e / p.hs;
             float a = 0.0f;
             for (int t = part; t < P; t += 4) {
@@ -470,14 +275,14 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
             if (part == 0) a += s->scores[P] * x[p.dim + p.kvd + kvh * p.hs + d];
             s->part[e] = a;
         }
-        consumers_sync();
+        cs_consumers_sync();
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + kp + i);
-        for (int d = warp; d < p.hs; d += kWarps) {
+        for (int d = warp; d < p.hs; d += kCsWarps) {
             const float o = (s->part[d] + s->part[p.hs + d] + s->part[2 * p.hs + d] + s->part[3 * p.hs + d]) / sum;
-            if (lane < p.cluster) store_remote(remote(dst_at + 4 * (head * p.hs + d), lane), o);
+            if (lane < p.cluster) cs_store_remote(cs_remote(dst_at + 4 * (head * p.hs + d), lane), o);
         }
-        consumers_sync();   // part and scores free for the next head
+        cs_consumers_sync();   // part and scores free for the next head
     }
 }
 
@@ -485,25 +290,25 @@ __device__ void attention_hop(const Params &p, Smem *s, const Hop &h, int rank, 
 // residual stream; the argmax key this step's classifier takes set to its least.
 __device__ void embed(const Params &p, Smem *s) {
     const unsigned long long key = __ldcg(p.best + ((p.step + 1) & 1));
-    const int token = min(max(token_of(key), 0), p.vocab - 1);   // (a wrong key reads a wrong row, not past the table)
+    const int token = min(max(cs_token_of(key), 0), p.vocab - 1);   // (a wrong key reads a wrong row, not past the table)
     const float *row = p.embedding + (size_t)token * p.dim;
-    for (int i = threadIdx.x; i < p.dim; i += kConsumers) s->res[i] = __ldcg(row + i);
-    if (threadIdx.x == 0 && cluster_rank() == 0) p.best[p.step & 1] = 0ull;
-    consumers_sync();
+    for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) s->res[i] = __ldcg(row + i);
+    if (threadIdx.x == 0 && cs_rank() == 0) p.best[p.step & 1] = 0ull;
+    cs_consumers_sync();
 }
 
-__global__ void __launch_bounds__(kThreads, 1) layers_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(kCsThreads, 1) layers_kernel(const __grid_constant__ Params p) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem *s = reinterpret_cast<Smem *>(smem_raw);
-    const int rank = cluster_rank();
+    const int rank = cs_rank();
     pdl_release();   // the classifier's blocks may start copying their rows
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kSlots; i++) bar_init(saddr(&s->full[i]), 1), bar_init(saddr(&s->empty[i]), kWarps);
-        for (int i = 0; i < 2; i++) bar_init(saddr(&s->xbar[i]), p.cluster * kWarps);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsWarps);
+        for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), p.cluster * kCsWarps);
+        mbar_init_fence();
     }
-    cluster_sync();   // every block's barriers initialised before any arrives on them
-    if (threadIdx.x >= kConsumers) {
+    cs_cluster_sync();   // every block's barriers initialised before any arrives on them
+    if (threadIdx.x >= kCsConsumers) {
         produce(p, s, rank);   // weights only: no wait for the kernel before
     } else {
         pdl_wait();   // the step before's classifier: the token
@@ -515,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) layers_kernel(const __grid_consta
         for (int i = 0, layer = 0; i < p.n_hops; i++) {
             const Hop &h = c_hops[i];
             if (i > 0) {
-                bar_wait_cluster(saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
+                bar_wait_cluster(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
                 phases ^= 1u << (i & 1);
             }
             if (stamp) p.stamps[1 + i] = now(), p.cycles[1 + i] = clock64(), s->waited = 0;
@@ -526,63 +331,23 @@ __global__ void __launch_bounds__(kThreads, 1) layers_kernel(const __grid_consta
             layer += h.kind == HOP_SWIGLU;
             if (stamp) p.waits[i] = s->waited;
             __syncwarp();
-            if (lane < p.cluster) arrive_remote(remote(saddr(&s->xbar[(i + 1) & 1]), lane));
+            if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
         }
-        bar_wait_cluster(saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
+        bar_wait_cluster(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
         if (stamp) p.stamps[1 + p.n_hops] = now(), p.cycles[1 + p.n_hops] = clock64();
         if (rank == 0)
-            for (int i = threadIdx.x; i < p.dim; i += kConsumers) p.out[i] = s->res[i];
+            for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
     }
     __syncwarp();
-    cluster_sync();   // no block leaves while another may still write its shared memory
+    cs_cluster_sync();   // no block leaves while another may still write its shared memory
 }
 
-// The classifier on the SMs the layers leave: a block's rows copied in while the layers run
-// (those past kPreloadMost read from global memory after the wait), then the final norm, the
-// logits and the block's argmax into the step's key.
-__global__ void __launch_bounds__(kConsumers, 1) classifier_kernel(const ClsParams c) {
+// The classifier on the SMs the layers leave (the engine's block, cs_block_logits): the block's
+// argmax into step's key.
+__global__ void __launch_bounds__(kCsConsumers, 1) classifier_kernel(const CsClsParams c, int step) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    ClsSmem *s = reinterpret_cast<ClsSmem *>(smem_raw);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
-    const int held = min(mine, kPreloadMost / c.rec & ~7);   // (a batch of 8 rows all held or none)
-    if (threadIdx.x == 0) {
-        bar_init(saddr(&s->landed), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        bar_expect(saddr(&s->landed), held * c.rec + 4 * c.dim);
-        copy_bulk(saddr(s->gamma), c.gamma, 4 * c.dim, saddr(&s->landed));
-        for (int at = 0; at < held * c.rec; at += 32768)
-            copy_bulk(saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), saddr(&s->landed));
-    }
-    pdl_release();   // the next step's layers may start streaming
-    pdl_wait();      // the layers: x
-    __syncthreads();   // the barrier initialised
-    bar_wait(saddr(&s->landed), 0, -2);
-    for (int i = threadIdx.x; i < c.dim; i += kConsumers) s->x[i] = __ldcg(c.x + i);   // the layers' last residual stream
-    __syncthreads();
-    const float inv_rms = stage_digits(s->digits, s->u, s->ss, s->x, c.dim, s->gamma);
-    LaneX lx;
-    lx.load(s->digits, s->u, c.dim);
-    unsigned long long best = 0;
-    for (int b = 8 * warp; b < mine; b += 8 * kWarps) {
-        const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
-        float acc[8];
-        rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
-        const float v = sum8(acc) * inv_rms;
-        const int row = b + lane / 4;
-        if (lane % 4 == 0 && row < mine) {
-            c.logits[row0 + row] = v;
-            best = max(best, best_key(v, row0 + row));
-        }
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
-    if (lane == 0) s->best[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kWarps; w++) best = max(best, s->best[w]);
-        atomicMax(c.best + (c.step & 1), best);
-    }
+    const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(smem_raw));
+    if (threadIdx.x == 0) atomicMax(c.best + (step & 1), best);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -616,7 +381,7 @@ static int dev_copy(T **d, const T *h, size_t n) {
 }
 
 static int make_mat(HostMat &m, int rows, int K, float gain) {
-    m.rows = rows, m.K = K, m.G = (K + kGroup - 1) / kGroup;
+    m.rows = rows, m.K = K, m.G = (K + kCsGroup - 1) / kCsGroup;
     m.rec = ((K + 15) & ~15) + ((4 * m.G + 15) & ~15);
     m.w.resize((size_t)rows * K), m.scale.resize((size_t)rows * m.G);
     for (auto &v : m.w) v = (int8_t)lrintf(127.0f * frand());
@@ -632,7 +397,7 @@ static void ref_matvec(const HostMat &m, const std::vector<float> &x, std::vecto
     y.assign(m.rows, 0.0f);
     for (int r = 0; r < m.rows; r++) {
         double a = 0.0;
-        for (int k = 0; k < m.K; k++) a += (double)m.w[(size_t)r * m.K + k] * m.scale[(size_t)r * m.G + k / kGroup] * x[k];
+        for (int k = 0; k < m.K; k++) a += (double)m.w[(size_t)r * m.K + k] * m.scale[(size_t)r * m.G + k / kCsGroup] * x[k];
         y[r] = (float)a;
     }
 }
@@ -738,7 +503,7 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
         Hop h = {};
         h.kind = kind, h.K = w.K, h.rows = w.rows, h.rec = w.rec, h.norm = gamma != nullptr, h.layer = layer, h.w = w.dev, h.gamma = gamma;
         h.rows_per_block = ((w.rows + C - 1) / C + 7) & ~7;
-        h.rows_per_piece = kSlotBytes / w.rec & ~7;
+        h.rows_per_piece = kCsSlotBytes / w.rec & ~7;
         for (int b = 0; b < C; b++) {
             const int mine = std::max(0, std::min(h.rows_per_block, w.rows - b * h.rows_per_block));
             h.first[b] = n[b], h.count[b] = (gamma ? 1 : 0) + (mine + h.rows_per_piece - 1) / h.rows_per_piece, n[b] += h.count[b];
@@ -746,7 +511,7 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
         *bytes += (size_t)w.rows * w.rec;
         hops.push_back(h);
     };
-    const int per = kSlotBytes / (2 * m.hs), kp = (m.pos + per - 1) / per;
+    const int per = kCsSlotBytes / (2 * m.hs), kp = (m.pos + per - 1) / per;
     for (int l = 0; l < sh.layers; l++) {
         const Layer &ly = m.layers[l];
         add_linear(HOP_QKV, ly.qkv, ly.d_g_att, l);
@@ -761,9 +526,9 @@ static int make_hops(const Model &m, int C, std::vector<Hop> &hops, size_t *byte
         add_linear(HOP_SWIGLU, ly.w13, ly.d_g_ffn, l);
         add_linear(HOP_RESID, ly.w2, nullptr, l);
     }
-    if ((int)hops.size() > kMaxHops || sh.dim > kMaxDim || sh.hidden > kMaxX || sh.dim + 2 * m.kvd > kMaxX || m.pos > kMaxPos ||
-        m.pos < 1 || sh.dim % 4 || sh.dim % sh.heads || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
-        kp > kSlots || C > kCMost ||
+    if ((int)hops.size() > kCsMaxHops || sh.dim > kCsMaxDim || sh.hidden > kCsMaxX || sh.dim + 2 * m.kvd > kCsMaxX || m.pos > kCsMaxPos ||
+        m.pos < 1 || sh.dim % 4 || sh.dim % sh.heads || m.hs % 8 || m.hs > 128 || sh.heads % sh.kv_heads || kCsSlotBytes / (2 * m.hs) * 2 * m.hs % 16 ||
+        kp > kCsSlots || C > kCsMaxCluster ||
         std::any_of(hops.begin(), hops.end(), [](const Hop &h) { return h.kind != HOP_ATTN && h.rows_per_piece < 8; })) {
         fprintf(stderr, "%s: the shape does not fit the probe\n", sh.name);
         return 1;
@@ -788,7 +553,7 @@ static int cache_map(CUtensorMap *map, __half *cache, const Model &m) {
         return 1;
     }
     const cuuint64_t dims[2] = {(cuuint64_t)m.kvd, (cuuint64_t)m.sh.layers * m.seq}, strides[1] = {(cuuint64_t)m.kvd * 2};
-    const cuuint32_t box[2] = {(cuuint32_t)m.hs, (cuuint32_t)(kSlotBytes / (2 * m.hs))}, steps[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)m.hs, (cuuint32_t)(kCsSlotBytes / (2 * m.hs))}, steps[2] = {1, 1};
     if (box[1] > 256) {   // (a box is at most 256 rows)
         fprintf(stderr, "%s: a slot holds %u rows of a head, more than a box's 256\n", m.sh.name, box[1]);
         return 1;
@@ -834,8 +599,10 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     Params p = {(int)hops.size(), 0, C, dim, m.kvd, sh.heads, sh.kv_heads, m.hs, pos, m.seq, sh.vocab, d.emb, d.best, d.out,
                 engine_layout, d_kc, d_vc, {}, {}, d_stamps, d_cycles, d_waits};
     if (engine_layout && (cache_map(&p.kmap, d_kc, m) || cache_map(&p.vmap, d_vc, m))) return 1;
-    ClsParams c = {dim, sh.vocab, m.cls.rec, (sh.vocab + cls_blocks - 1) / cls_blocks, 0, m.cls.dev, d.g_final, d.out, d.logits, d.best};
-    const size_t smem = sizeof(Smem), cls_smem = sizeof(ClsSmem);
+    CsClsParams c = {};   // (no feed: the probe's steps take their token from the key, embed)
+    c.dim = dim, c.vocab = sh.vocab, c.rec = m.cls.rec, c.rows_per_block = (sh.vocab + cls_blocks - 1) / cls_blocks;
+    c.group_chunks = kCsGroup / 16, c.eps = 1e-5f, c.w = m.cls.dev, c.gamma = d.g_final, c.x = d.out, c.logits = d.logits, c.best = d.best;
+    const size_t smem = sizeof(Smem), cls_smem = sizeof(CsClsSmem);
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaFuncSetAttribute(layers_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     CK(cudaFuncSetAttribute(classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cls_smem));
@@ -847,8 +614,8 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
     lattrs[0] = pdl;
     lattrs[1].id = cudaLaunchAttributeClusterDimension;
     lattrs[1].val.clusterDim.x = C, lattrs[1].val.clusterDim.y = 1, lattrs[1].val.clusterDim.z = 1;
-    lcfg.gridDim = dim3(C), lcfg.blockDim = dim3(kThreads), lcfg.dynamicSmemBytes = smem, lcfg.attrs = lattrs, lcfg.numAttrs = 2;
-    ccfg.gridDim = dim3(cls_blocks), ccfg.blockDim = dim3(kConsumers), ccfg.dynamicSmemBytes = cls_smem, ccfg.attrs = &pdl, ccfg.numAttrs = 1;
+    lcfg.gridDim = dim3(C), lcfg.blockDim = dim3(kCsThreads), lcfg.dynamicSmemBytes = smem, lcfg.attrs = lattrs, lcfg.numAttrs = 2;
+    ccfg.gridDim = dim3(cls_blocks), ccfg.blockDim = dim3(kCsConsumers), ccfg.dynamicSmemBytes = cls_smem, ccfg.attrs = &pdl, ccfg.numAttrs = 1;
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
     lcfg.stream = ccfg.stream = stream;
@@ -859,9 +626,9 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
         return 1;
     }
     auto launch_step = [&](int step) -> int {
-        p.step = step, c.step = step;
+        p.step = step;
         CK(cudaLaunchKernelEx(&lcfg, layers_kernel, p));
-        CK(cudaLaunchKernelEx(&ccfg, classifier_kernel, c));
+        CK(cudaLaunchKernelEx(&ccfg, classifier_kernel, c, step));
         return 0;
     };
 
@@ -885,7 +652,7 @@ static int run_config(const Model &m, const DevModel &d, int C, int engine_layou
             if (ref[i] > ref[ref_best]) ref_best = i;
         }
         const double rel = sqrt(num / den);
-        const int took = token_of(key);
+        const int took = cs_token_of(key);
         const bool ok = rel <= 1e-4 && took >= 0 && took < sh.vocab && ref[took] >= ref[ref_best] - 1e-4f * fabsf(ref[ref_best]);
         printf("%-14s cluster of %2d, %s, check, step %d: token %d, logits' relative L2 against the host's %.3g, greedy %d (host %d): %s\n",
                sh.name, C, layout, step, token, rel, took, ref_best, ok ? "ok" : "WRONG");
@@ -984,8 +751,8 @@ static int run_shape(const Shape &sh, int pos) {
 
 int main(int argc, char **argv) {
     const int pos = argc > 1 ? atoi(argv[1]) : 256;
-    if (pos < 1 || pos > kMaxPos) {   // (before the caches are sized by it)
-        fprintf(stderr, "usage: cluster_probe [position]: a position from 1 to %d, not '%s'\n", kMaxPos, argv[1]);
+    if (pos < 1 || pos > kCsMaxPos) {   // (before the caches are sized by it)
+        fprintf(stderr, "usage: cluster_probe [position]: a position from 1 to %d, not '%s'\n", kCsMaxPos, argv[1]);
         return 1;
     }
     const Shape shapes[] = {{"stories15m", 288, 768, 6, 6, 6, 32000}, {"smollm2-135m", 576, 1536, 30, 9, 3, 49152}};

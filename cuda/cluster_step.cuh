@@ -169,7 +169,7 @@ __device__ __forceinline__ unsigned long long cs_key(float v, int i) {
     const unsigned b = __float_as_uint(v == 0.0f ? 0.0f : v), ordered = (b & 0x80000000u) ? ~b : b | 0x80000000u;
     return (unsigned long long)ordered << 32 | (0xffffffffu - (unsigned)i);
 }
-__device__ __forceinline__ int cs_token_of(unsigned long long key) { return key ? (int)(0xffffffffu - (unsigned)key) : 0; }
+__host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { return key ? (int)(0xffffffffu - (unsigned)key) : 0; }
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -364,12 +364,34 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
     return out;
 }
 
+// The first of this warp's batches of 8 rows in a piece that starts at row r0 of the block's rows:
+// a hop's batches dealt round the warps across its pieces (a slot holds 8 to 48 rows: dealt a
+// piece at a time, the first warps would do all the work of the long rows).
+__device__ __forceinline__ int cs_first_batch(int r0) {
+    const int warp = threadIdx.x / 32;
+    return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
+}
+
+// The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) stored
+// into every block's dst (lane d writes block d's copy); with pairs (SwiGLU: the even row holds
+// the pair's output), one output a pair, at the even row / 2.
+__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, float out, int first, int n, int cluster, bool pairs) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        const float o = __shfl_sync(~0u, out, 4 * q);
+        if (lane >= cluster || q >= n) continue;
+        if (!pairs) cs_store_remote(cs_remote(dst_at + 4 * (first + q), lane), o);
+        else if (!(q & 1)) cs_store_remote(cs_remote(dst_at + 4 * ((first + q) / 2), lane), o);
+    }
+}
+
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
 template <typename KV>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
@@ -382,8 +404,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
         const int in_piece = min(h.rows_per_piece, mine - r0);
-        // 8 rows a warp at once, the hop's batches dealt round the warps across its pieces
-        for (int b = 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps); b < in_piece; b += 8 * kCsWarps) {
+        for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
@@ -395,16 +416,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * (1.0f / (1.0f + expf(-v))) * other;
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
-            // lane `rank` of the warp stores the 8 rows into block `rank`'s copy
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const float o = __shfl_sync(~0u, out, 4 * q);
-                const int orow = row0 + r0 + b + q;
-                if (lane < p.cluster && b + q < in_piece) {
-                    if (h.kind != CS_SWIGLU) cs_store_remote(cs_remote(dst_at + 4 * orow, lane), o);
-                    else if (!(q & 1)) cs_store_remote(cs_remote(dst_at + 4 * (orow / 2), lane), o);
-                }
-            }
+            cs_share_rows8(dst_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
         }
         __syncwarp();
         if (lane == 0) ring.release(piece);
@@ -584,9 +596,10 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
-__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
-    extern __shared__ __align__(128) unsigned char cs_smem[];
-    CsClsSmem *s = reinterpret_cast<CsClsSmem *>(cs_smem);
+// The classifier's work in one block (s: its shared memory): the rows copied in while the layers
+// run, then, once they have finished, the logits of the block's rows; returns the block's argmax
+// key to thread 0 (the others: their warp's).
+__device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
     const int held = min(mine, kCsPreload / c.rec & ~7);   // (a batch of 8 rows all held or none)
@@ -624,9 +637,15 @@ __global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const Cs
     for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
-    cs_feed_if_last(c, best);
+    if (threadIdx.x == 0)
+        for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
+    return best;
+}
+
+__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
+    extern __shared__ __align__(128) unsigned char cs_smem[];
+    const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+    if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
 // Records of rows from up to three matrices (one after another, or w1's and w3's alternating):
