@@ -24,9 +24,12 @@
 // over layers, us) and, with hand-overs, the medians over blocks and matrices of the time from the
 // last block's count to a block passing its wait, and from its own count to passing it (us). A
 // wait that does not end within about a second is reported, not hung.
-// make bench/skew_probe && ./bench/skew_probe [a part of the variants' names: only those]
+// make bench/skew_probe && ./bench/skew_probe [a part of the variants' names: only those] [blocks]
+// (blocks: a block an SM on that many SMs, all by default: what one SM's stream reaches when fewer
+// of them stream, as a cluster of 16 does)
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -341,7 +344,7 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
         }
     }
     const double t = median(ms) * 1e-3, gbs = step_bytes / t * 1e-9;
-    printf("%-48s %6.1f us %7.0f GB/s %5.1f%%", v.name, t * 1e6, gbs, 100.0 * gbs / 4480.0);
+    printf("%-48s %6.1f us %7.0f GB/s %5.1f%% (%.1f GB/s a block)", v.name, t * 1e6, gbs, 100.0 * gbs / 4480.0, gbs / blocks);
     for (int m = 0; m < kMatrices; m++) printf("  %s %.2f/%.2f", kNames[m], median(spread[m]), median(range[m]));
     if (v.hand_over) printf("  hand-over %.2f, stopped %.2f", median(seen), median(stopped));
     printf("\n");
@@ -350,7 +353,7 @@ int run_variant(const Variant &v, Probe p, int blocks, int reps, long long step_
     return 0;
 }
 
-int probe_main(const char *only) {
+int probe_main(const char *only, int blocks) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     Stuck *stuck;
     CK(cudaHostAlloc(&stuck, sizeof(Stuck), cudaHostAllocMapped));
@@ -367,6 +370,8 @@ int probe_main(const char *only) {
     int per_sm = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, skew_kernel, kThreads, smem));
     if (per_sm < 1) return fprintf(stderr, "skew_probe: the kernel does not fit an SM\n"), 1;
+    if (blocks > sms) return fprintf(stderr, "skew_probe: %d blocks, more than the GPU's %d SMs\n", blocks, sms), 1;
+    if (blocks > 0) sms = blocks;   // (from here on: the blocks of the grid)
     Probe p = {};
     long long step_bytes = 0;
     for (int s = 0; s < kStages; s++) step_bytes += (long long)kTilesOf[s % kMatrices] * kTileBytes;
@@ -450,6 +455,7 @@ int probe_main(const char *only) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc > 2) return fprintf(stderr, "usage: skew_probe [a part of the variants' names]\n"), 1;
-    return probe_main(argc > 1 ? argv[1] : "");
+    const int blocks = argc > 2 ? atoi(argv[2]) : 0;
+    if (argc > 3 || (argc > 2 && blocks < 1)) return fprintf(stderr, "usage: skew_probe [a part of the variants' names] [blocks]\n"), 1;
+    return probe_main(argc > 1 ? argv[1] : "", blocks);
 }

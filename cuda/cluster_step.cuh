@@ -30,7 +30,12 @@
 namespace {
 
 constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
-constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = 16;
+// CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
+#ifndef CS_MAX_CLUSTER
+#define CS_MAX_CLUSTER 16
+#endif
+constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
+static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
 constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
@@ -113,11 +118,30 @@ __device__ __forceinline__ bool cs_try_cluster(uint32_t a, int parity) {
                  : "=r"(done) : "r"(a), "r"(parity) : "memory");
     return done;
 }
-__device__ __forceinline__ void cs_wait(uint32_t a, int parity) {
-    while (!cs_try(a, parity)) {}
+// CS_WATCHDOG (a build for a first run on a new GPU or a new schedule): a wait that has not ended
+// after kCsHang cycles prints which wait it is and traps, so that the launch fails with an error
+// where the default build would hang. (Not for compute-sanitizer's runs, which are far slower.)
+enum CsWhere { CS_AT_FULL, CS_AT_EMPTY, CS_AT_HOP, CS_AT_LANDED };
+#ifdef CS_WATCHDOG
+constexpr long long kCsHang = 4000000000ll;   // about 2 s at the H200's clock
+__device__ __noinline__ void cs_hung(int where, int n) {
+    const char *what[] = {"a ring slot's copy (piece)", "a ring slot's release (piece)", "the input of hop", "the classifier's rows"};
+    printf("cluster step: block %d thread %d waited too long for %s %d\n", blockIdx.x, threadIdx.x, what[where], n);
+    __trap();
 }
-__device__ __forceinline__ void cs_wait_cluster(uint32_t a, int parity) {
-    while (!cs_try_cluster(a, parity)) {}
+#endif
+// Waits for the phase of parity `parity` of the mbarrier at a (kCluster: with cluster-scope
+// acquire); where and n say which wait it is (CS_WATCHDOG).
+template <bool kCluster = false>
+__device__ __forceinline__ void cs_wait(uint32_t a, int parity, int where, int n) {
+#ifdef CS_WATCHDOG
+    const long long t0 = clock64();
+    while (!(kCluster ? cs_try_cluster(a, parity) : cs_try(a, parity)))
+        if (clock64() - t0 > kCsHang) cs_hung(where, n);
+#else
+    (void)where, (void)n;
+    while (!(kCluster ? cs_try_cluster(a, parity) : cs_try(a, parity))) {}
+#endif
 }
 __device__ __forceinline__ uint32_t cs_remote(uint32_t a, int rank) {
     uint32_t r;
@@ -151,12 +175,16 @@ __device__ __forceinline__ void cs_consumers_sync() { asm volatile("bar.sync 1, 
 // (gpu_cluster_launch): the layers' block 0 when its consumers' PDL wait returns (0), when the
 // embedding row is in (1), when each hop's input has arrived (2 + i) and the last hop's (2 +
 // n_hops); the classifier's block 0 when its PDL wait returns (n_hops + 3), the last block out
-// when the token is fed (n_hops + 4).
-__device__ __forceinline__ void cs_stamp(unsigned long long *trace, int k) {
-#ifdef CS_TRACE
+// when the token is fed (n_hops + 4); then the ns that the layers' block 0 thread 0 spent in each
+// hop waiting for the ring's copies (n_hops + 5 + i): where the weights' stream is behind.
+__device__ __forceinline__ unsigned long long cs_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[k] = t;
+    return t;
+}
+__device__ __forceinline__ void cs_stamp(unsigned long long *trace, int k) {
+#ifdef CS_TRACE
+    trace[k] = cs_now();
 #else
     (void)trace, (void)k;
 #endif
@@ -174,11 +202,18 @@ __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { re
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
     CsSmem *s;
-    int base;   // the block's first piece of the hop
+    int base;                     // the block's first piece of the hop
+    unsigned long long *waited;   // -DCS_TRACE: the traced thread's ns in these waits, else NULL
     __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
     __device__ unsigned char *wait(int i) const {
         const int n = base + i;
-        cs_wait(cs_saddr(&s->full[n % kCsSlots]), (n / kCsSlots) & 1);
+#ifdef CS_TRACE
+        const unsigned long long t0 = waited ? cs_now() : 0;
+#endif
+        cs_wait(cs_saddr(&s->full[n % kCsSlots]), (n / kCsSlots) & 1, CS_AT_FULL, n);
+#ifdef CS_TRACE
+        if (waited) *waited += cs_now() - t0;
+#endif
         return at(i);
     }
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }   // by one lane a warp
@@ -195,7 +230,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
     int n = 0, kp = -1;
     auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
         const int slot = n % kCsSlots, round = n / kCsSlots;
-        if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1);
+        if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1, CS_AT_EMPTY, n);
         mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
         n++;
         return slot;
@@ -543,18 +578,20 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     for (int i = 0; i < p.n_hops; i++) {
         const CsHop &h = s->hops[i];
         if (i > 0) {
-            cs_wait_cluster(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1);
+            cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
         }
         if (stamp) cs_stamp(p.trace, 2 + i);
         const float *x = h.kind == CS_QKV || h.kind == CS_SWIGLU ? s->res : s->xb[i & 1];
         float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
-        const CsRing ring = {s, piece};
+        unsigned long long waited = 0;
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr};
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst) : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst);
+        if (stamp) p.trace[p.n_hops + 5 + i] = waited;
         __syncwarp();
         if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
     }
-    cs_wait_cluster(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1);
+    cs_wait<true>(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1, CS_AT_HOP, p.n_hops);
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
     if (rank == 0)
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
@@ -615,7 +652,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     pdl_wait();      // the layers: x
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
-    cs_wait(cs_saddr(&s->landed), 0);
+    cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
     for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
@@ -938,7 +975,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    CUDA_CHECK(cudaMalloc(&p.trace, (p.n_hops + 5) * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMalloc(&p.trace, (2 * p.n_hops + 5) * sizeof(unsigned long long)));
     c->c.trace = p.trace + p.n_hops + 3;
 #endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
@@ -956,20 +993,25 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 // its input's arrival to the next hop's), the classifier's.
 static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     const int n = c->p.n_hops;
-    unsigned long long t[kCsMaxHops + 5];
+    unsigned long long t[2 * kCsMaxHops + 5];
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    CUDA_CHECK(cudaMemcpy(t, c->p.trace, (n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
-    double kind_us[4] = {0, 0, 0, 0};
+    CUDA_CHECK(cudaMemcpy(t, c->p.trace, (2 * n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
+    double kind_us[4] = {0, 0, 0, 0}, ring_us[4] = {0, 0, 0, 0};
     int kind_n[4] = {0, 0, 0, 0};
     CsHop hops[kCsMaxHops];
     CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
-    for (int i = 0; i < n; i++) kind_us[hops[i].kind] += (t[3 + i] - t[2 + i]) / 1e3, kind_n[hops[i].kind]++;
+    for (int i = 0; i < n; i++) {
+        const int k = hops[i].kind;
+        kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
+    }
     fprintf(stderr,
             "cluster step trace (us): embedding %.2f; layers %.2f (%.2f a layer): QKV %.2f, attention %.2f, output projection and w2 "
-            "%.2f, w1/w3 %.2f a hop; layers' end to the classifier's wait done %.2f, the classifier to the token fed %.2f\n",
+            "%.2f, w1/w3 %.2f a hop (of them block 0's waits for the ring %.2f, %.2f, %.2f, %.2f); layers' end to the classifier's "
+            "wait done %.2f, the classifier to the token fed %.2f\n",
             (t[1] - t[0]) / 1e3, (t[2 + n] - t[1]) / 1e3, (t[2 + n] - t[1]) / 1e3 / (n / 5), kind_us[CS_QKV] / kind_n[CS_QKV],
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
-            ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+            ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
+            ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
 }
 #endif
 
