@@ -267,10 +267,11 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
 }
 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
-// 4], four a word), a warp a group, each group's step in u; returns the norm's inverse RMS to
-// every consumer (1 without a norm). Ends with the consumers' barrier (kBlock: the block's).
-template <bool kBlock>
-__device__ float cs_stage_digits(uint32_t (*digits)[kCsMaxX / 4], float *u, float *ss_out, const float *x, int K, const float *gamma,
+// 4], four a word; a plane kWords words), a warp a group, each group's step in u; returns the
+// norm's inverse RMS to every consumer (1 without a norm). Ends with the consumers' barrier
+// (kBlock: the block's).
+template <bool kBlock, int kWords = kCsMaxX / 4>
+__device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
     for (int g = warp; g < G; g += kCsWarps) {
@@ -309,18 +310,21 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kCsMaxX / 4], float *u, floa
     return inv_rms_of(ss, K, eps);
 }
 
-// This lane's chunks of x (16 columns each: lane, lane + 32, ...): their digits, steps and the
-// weights' scale of each.
-struct CsLaneX {
-    uint4 d[kCsChunks][3];
-    float u[kCsChunks];
-    int scale[kCsChunks];
+// This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
+// steps and the weights' scale of each.
+template <int kChunks>
+struct CsLaneXOf {
+    static constexpr int kMaxChunks = kChunks;
+    uint4 d[kChunks][3];
+    float u[kChunks];
+    int scale[kChunks];
     int chunks;
-    __device__ void load(const uint32_t (*digits)[kCsMaxX / 4], const float *u_of, int K, int group_chunks) {
+    template <int kWords>
+    __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
         const int lane = threadIdx.x % 32;
         chunks = (K + 15) / 16;
 #pragma unroll
-        for (int j = 0; j < kCsChunks; j++) {
+        for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
             u[j] = c < chunks ? u_of[c / 8] : 0.0f;
             scale[j] = c / group_chunks;
@@ -329,6 +333,7 @@ struct CsLaneX {
         }
     }
 };
+using CsLaneX = CsLaneXOf<kCsChunks>;
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
@@ -339,7 +344,8 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
 
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
 // shared or global memory) into acc.
-__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const CsLaneX &x, float acc[8]) {
+template <class LaneX>
+__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
     const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
 #pragma unroll
     for (int r = 0; r < 8; r++) {
@@ -348,7 +354,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         const unsigned char *at = first + (size_t)r * rec;
         const float *scale = reinterpret_cast<const float *>(at + scales_at);
 #pragma unroll
-        for (int j = 0; j < kCsChunks; j++) {
+        for (int j = 0; j < LaneX::kMaxChunks; j++) {
             const int c = lane + 32 * j;
             if (c >= x.chunks) continue;
             const uint4 w = reinterpret_cast<const uint4 *>(at)[c];
@@ -482,6 +488,31 @@ __device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int
     return sc;
 }
 
+// The largest of every consumer's m, to each (red: kCsWarps floats; the consumers' barrier inside).
+__device__ __forceinline__ float cs_consumers_max(float m, float *red) {
+    m = warp_max(m);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+    cs_consumers_sync();
+    m = red[0];
+    for (int w = 1; w < kCsWarps; w++) m = fmaxf(m, red[w]);
+    return m;
+}
+// scores[0, n) replaced by exp(score - m); returns their sum to every consumer (a barrier inside).
+__device__ __forceinline__ float cs_exp_sum(float *scores, int n, float m, float *red) {
+    float sum = 0.0f;
+    for (int t = threadIdx.x; t < n; t += kCsConsumers) {
+        const float e = expf(scores[t] - m);
+        scores[t] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
+    cs_consumers_sync();
+    sum = 0.0f;
+    for (int w = 0; w < kCsWarps; w++) sum += red[w];
+    return sum;
+}
+
 // The attention of the block's heads at the step's position P: q, k and v of the step in x (q,
 // then k, then v), the earlier rows of the head's kv head from the ring (kp pieces of its key
 // rows, then kp of its value rows). Returns the pieces it took.
@@ -511,24 +542,10 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             s->scores[t] = sc;
             m = fmaxf(m, sc);
         }
-        m = warp_max(m);
-        if (lane == 0) s->red[0][warp] = m;
-        cs_consumers_sync();
-        m = s->red[0][0];
-        for (int w = 1; w < kCsWarps; w++) m = fmaxf(m, s->red[0][w]);
+        m = cs_consumers_max(m, s->red[0]);
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + i);
-        float sum = 0.0f;
-        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
-            const float e = expf(s->scores[t] - m);
-            s->scores[t] = e;
-            sum += e;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) s->red[1][warp] = sum;
-        cs_consumers_sync();
-        sum = 0.0f;
-        for (int w = 0; w < kCsWarps; w++) sum += s->red[1][w];
+        const float sum = cs_exp_sum(s->scores, P + 1, m, s->red[1]);
         // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
         for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
         for (int e = threadIdx.x; e < 4 * p.hs; e += kCsConsumers) {
