@@ -17,7 +17,7 @@
 // warp, so that the hand-overs run under DRAM's queue as a decode step's do. Each partial row is a
 // multiple of 2^-10 and small, so every sum is exact whatever the order: a checking pass compares
 // each block's loaded vector with the exact sum at every round. A poll that does not end within
-// about a second gives up and is reported.
+// about a second prints which and traps (the launch fails with an error instead of hanging).
 // make bench/reduce_probe && ./bench/reduce_probe
 #include <cstdint>
 #include <cstdio>
@@ -38,7 +38,7 @@ struct Probe {
     const uint8_t *stream;    // streamed by the extra warp (stream_bytes), or NULL
     long long stream_bytes;
     int mode, groups, D, rounds, check;
-    int *bad;                 // [0]: elements that differed in the checking pass, [1]: polls given up
+    int *bad;                 // the elements that differed in the checking launch
     float *sink;              // (gridDim.x) so that the loads stay
 };
 
@@ -65,6 +65,21 @@ __device__ __forceinline__ void red_add4(float *p, float4 v) {
     asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
 }
 __device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __noinline__ void hung(const char *what, int n) {
+    printf("reduce_probe: block %d thread %d waited too long for %s %d\n", blockIdx.x, threadIdx.x, what, n);
+    __trap();
+}
+// Waits for the phase of parity `parity` of the mbarrier at a (or traps after about a second).
+__device__ void slot_wait(uint32_t a, int parity, int n) {
+    const long long t0 = clock64();
+    for (;;) {
+        uint32_t done;
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(a), "r"(parity) : "memory");
+        if (done) return;
+        if (clock64() - t0 > kGiveUp) hung("the stream's copy", n);
+    }
+}
 // The consumers' barrier (the streaming warp never takes part).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory"); }
 
@@ -78,7 +93,7 @@ __device__ void stream_until(const Probe &p, uint8_t *ring, unsigned long long *
     int issued = 0;
     for (; !*stop; issued++) {
         const int slot = issued % kSlots;
-        if (issued >= kSlots) asm volatile("{\n .reg .pred p;\n w: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra w;\n}" ::"r"(saddr(&full[slot])), "r"((issued / kSlots - 1) & 1) : "memory");
+        if (issued >= kSlots) slot_wait(saddr(&full[slot]), (issued / kSlots - 1) & 1, issued - kSlots);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[slot])), "r"(kSlotBytes) : "memory");
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(saddr(ring + slot * kSlotBytes)),
                      "l"(mine + at), "r"(kSlotBytes), "r"(saddr(&full[slot]))
@@ -86,7 +101,7 @@ __device__ void stream_until(const Probe &p, uint8_t *ring, unsigned long long *
         at = at + kSlotBytes < per_block ? at + kSlotBytes : 0;
     }
     for (int k = issued > kSlots ? issued - kSlots : 0; k < issued; k++)   // the copies still in flight
-        asm volatile("{\n .reg .pred p;\n w: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra w;\n}" ::"r"(saddr(&full[k % kSlots])), "r"((k / kSlots) & 1) : "memory");
+        slot_wait(saddr(&full[k % kSlots]), (k / kSlots) & 1, k);
 }
 
 // This block's part of round r: its partial rows added into buffer r % 3 (red, bulk), buffer
@@ -125,10 +140,7 @@ __device__ float take(const Probe &p, float *x, int r, int B) {
         const unsigned want = (unsigned)B * (r + 1);
         const long long t0 = clock64();
         while (load_acquire(p.count) < want)
-            if (clock64() - t0 > kGiveUp) {
-                atomicAdd(p.bad + 1, 1);
-                break;
-            }
+            if (clock64() - t0 > kGiveUp) hung("the count of round", r);
     }
     consumers_sync();
     const float *src = p.buf[r % 3];
@@ -185,16 +197,15 @@ int run(const char *name, Probe p, int blocks, size_t smem, int reps, double *us
         p.check = k == 0;   // the first launch checks every element of every round; the others are timed
         CK(cudaMemset(p.count, 0, sizeof(unsigned)));
         for (int i = 0; i < 3; i++) CK(cudaMemset(p.buf[i], 0, kMaxD * sizeof(float)));
-        CK(cudaMemset(p.bad, 0, 2 * sizeof(int)));
+        CK(cudaMemset(p.bad, 0, sizeof(int)));
         CK(cudaEventRecord(a));
         reduce_kernel<<<blocks, kThreads + 32, smem>>>(p);
         CK(cudaGetLastError());
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
-        int bad[2];
-        CK(cudaMemcpy(bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost));
-        if (bad[1]) return fprintf(stderr, "%s: %d polls gave up\n", name, bad[1]), 1;
-        if (bad[0]) return fprintf(stderr, "%s: %d elements loaded were not the exact sums\n", name, bad[0]), 1;
+        int bad;
+        CK(cudaMemcpy(&bad, p.bad, sizeof bad, cudaMemcpyDeviceToHost));
+        if (bad) return fprintf(stderr, "%s: %d elements loaded were not the exact sums\n", name, bad), 1;
         float ms;
         CK(cudaEventElapsedTime(&ms, a, b));
         if (k > 0 && ms < ms_best) ms_best = ms;
@@ -217,7 +228,7 @@ int probe_main() {
     Probe p = {};
     for (int i = 0; i < 3; i++) CK(cudaMalloc(&p.buf[i], kMaxD * sizeof(float)));
     CK(cudaMalloc(&p.count, sizeof(unsigned)));
-    CK(cudaMalloc(&p.bad, 2 * sizeof(int)));
+    CK(cudaMalloc(&p.bad, sizeof(int)));
     CK(cudaMalloc(&p.sink, sms * sizeof(float)));
     const long long stream_bytes = 1ll << 30;   // far past L2
     uint8_t *stream;

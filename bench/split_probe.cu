@@ -1,19 +1,21 @@
 // bench/split_probe.cu: TinyLlama's decode layers in NOTES 113's clustered, split-K form, to
 // measure whether it could carry TinyLlama to its 60% of 4480 GB/s before the engine takes it.
-// The grid is C clusters of S blocks (8 x 16 or 16 x 8: 128 SMs), a producer warp and 8 consumer
-// warps a block, as the engine's cluster step (cuda/cluster_step.cuh, whose pieces it uses: x's
-// digits, a warp's 8 rows, their hand-over to every block of the cluster, the key rows' products).
-// Cluster c takes, in each layer:
-//   QKV    the rows of its 32 / C query heads and of their KV head (the key and value rows made
-//          by each cluster of the KV group; the first one stores them), RMSNorm and RoPE folded
-//          in; outputs pushed into every block of the cluster (st.shared::cluster + mbarriers)
+// The grid is as many clusters of S blocks (16, 8 or 4) as the GPU holds at once, a producer warp
+// and 8 consumer warps a block, as the engine's cluster step (cuda/cluster_step.cuh, whose pieces
+// it uses: x's digits, a warp's 8 rows, their hand-over to every block of the cluster, the key
+// rows' products). Each KV group's 8 query heads are shared by its clusters (the clusters dealt
+// over the 4 groups). Cluster c takes, in each layer:
+//   QKV    the rows of its query heads and of their KV head (the key and value rows made by each
+//          cluster of the group; its first one stores them), RMSNorm and RoPE folded in; outputs
+//          pushed into every block of the cluster (st.shared::cluster + mbarriers)
 //   ATTN   a block a head of its heads (the earlier key and value rows streamed through the ring)
-//   O      the output projection's columns of its heads (whole groups of 128) for all 2,048 rows,
-//          split over its blocks; each block adds its partial rows into the next residual stream
-//          in L2 (red.add.f32; cluster 0 adds the old residual), then counts (a release add)
+//   O      the output projection's columns of its heads for all 2,048 rows, split over its
+//          blocks (the rows' scales a 64-column piece each, as a head's columns need not be whole
+//          groups); each block adds its partial rows into the next residual stream in L2
+//          (red.add.f32; cluster 0 adds the old residual), then counts (a release add)
 //   -      every block waits for the count (the residual complete), loads it (a hand-over
 //          through L2)
-//   W13    w1/w3 rows of its share of the hidden width (whole groups: 44 over C clusters),
+//   W13    w1/w3 rows of its share of the hidden width (whole groups of 128, dealt over the clusters),
 //          RMSNorm folded in, SwiGLU pushed into every block of the cluster
 //   W2     w2's columns of its hidden share for all 2,048 rows, added into the residual as O's
 //   -      the second hand-over through L2 (before the next layer's QKV)
@@ -23,8 +25,9 @@
 // being made, two hand-overs after its last reader; R_0 is the step's embedding row.
 // Weights are random INT8 with FP32 scales a group of 128 (every layer its own: 1 GB, past L2),
 // the norms' weights 1, the caches head-major FP16 (earlier rows random). The first launch is
-// checked against a host reference (the final residual stream, relative L2 <= 1e-4); then 200
-// launches are timed with events after 20, and one launch's phases by block 0's %globaltimer.
+// checked against an FP64 host reference (the final residual stream, relative L2; and the step's
+// key and value rows in the caches); then 200 launches are timed with events after 20, and one
+// launch's phases by block 0's %globaltimer.
 // make bench/split_probe && ./bench/split_probe [layers] [position]
 #define CS_WATCHDOG   // a wait that does not end prints which and traps (cluster_step.cuh)
 #include <algorithm>
@@ -39,34 +42,40 @@
 
 namespace {
 
-constexpr int kD = 2048, kHidden = 5632, kHeads = 32, kKvHeads = 4, kHs = 64, kG = 128, kBlocks = 128;
-constexpr int kGroupsH = kHidden / kG;                  // 44
+constexpr int kD = 2048, kHidden = 5632, kHeads = 32, kKvHeads = 4, kHs = 64, kG = 128, kMaxBlocks = 132, kMaxClusters = 32;
 constexpr int kSlot = 8 * (kD + 64), kSlots = 11;       // a slot: 8 rows of K = 2,048 (int8 + 16 scales)
 constexpr int kKvRows = 16384 / (kHs * 2);              // a piece of a head's cache rows
-constexpr int kMaxPos = 512, kMaxHpc = 4, kMaxHid = 6 * kG, kPhases = 11;
+constexpr int kMaxPos = 512, kMaxHpc = 8, kMaxHid = 8 * kG, kPhases = 11;
 constexpr long long kHang = 4000000000ll;               // cycles a count may take before the probe gives up
 enum { M_QKV, M_O, M_W13, M_W2 };
 
 // One matrix's records for one block in a layer: rows of rec bytes (the row's int8 columns, padded
-// to 16, then its FP32 group scales, padded to 16) at off in the layer's pack, per_piece a slot.
+// to 16, then its FP32 scales, one a 16 gc columns, padded to 16) at off in the layer's pack,
+// per_piece a slot; the block's first row row0 (of the cluster's rows, or of the output's).
 struct Mat {
     long long off;
-    int rows, rec, per_piece, K;
+    int rows, rec, per_piece, K, row0, gc;
 };
 struct BlockPlan {
     Mat m[4];
 };
-__constant__ BlockPlan c_plan[kBlocks];
+// A cluster's share: query heads [head0, head0 + heads) of KV head kvh (store: it writes the
+// step's key and value rows), hidden groups [hid0, hid0 + hid_groups).
+struct ClusterPlan {
+    int head0, heads, kvh, store, hid0, hid_groups;
+};
+__constant__ BlockPlan c_plan[kMaxBlocks];
+__constant__ ClusterPlan c_cluster[kMaxClusters];
 __constant__ float c_cos[kHs / 2], c_sin[kHs / 2];   // RoPE at the step's position (the host's floats)
 
 struct Params {
-    int S, C, hpc, layers, pos, seq, trace;
+    int S, B, layers, pos, seq, trace;   // B: the blocks, S a cluster
     const unsigned char *pack;   // every layer's records, layer_bytes each
     long long layer_bytes;
     __half *kcache, *vcache;     // (layers, kv heads, seq, hs)
     const float *emb;            // R_0
     float *rbuf[3];              // the residual stream's buffers
-    unsigned *count;             // blocks' counts, never reset: R_h is complete at base + 128 h
+    unsigned *count;             // blocks' counts, never reset: R_h is complete at base + B h
     unsigned base;
     float *out;                  // R_{2 layers}
     unsigned long long *stamps;  // (layers, kPhases) block 0's %globaltimer in the traced launch
@@ -100,7 +109,6 @@ struct Ring {
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kSlots])); }
 };
 
-__device__ __forceinline__ int kv_head_of(const Params &p, int c) { return c * p.hpc / (kHeads / kKvHeads); }
 __device__ __forceinline__ int kv_pieces(const Params &p) { return (p.pos + kKvRows - 1) / kKvRows; }
 
 // The producer: the block's pieces in the hops' order (no piece waits for an activation).
@@ -121,8 +129,8 @@ __device__ void produce(const Params &p, Smem *s, int rank, int c) {
     for (int l = 0; l < p.layers; l++) {
         const unsigned char *layer = p.pack + l * p.layer_bytes;
         stream(layer, pl.m[M_QKV]);
-        if (rank < p.hpc) {
-            const size_t head = ((size_t)l * kKvHeads + kv_head_of(p, c)) * p.seq * kHs;
+        if (rank < c_cluster[c].heads) {
+            const size_t head = ((size_t)l * kKvHeads + c_cluster[c].kvh) * p.seq * kHs;
             for (int cache = 0; cache < 2; cache++)
                 for (int j = 0; j < kv_pieces(p); j++)
                     copy((cache ? p.vcache : p.kcache) + head + (size_t)j * kKvRows * kHs, min(kKvRows, p.pos - j * kKvRows) * kHs * 2);
@@ -156,13 +164,14 @@ __device__ void take_residual(const Params &p, Smem *s, unsigned want, const flo
 // A linear hop of matrix kM over x (digits of m.K elements; QKV and W13 normed): the block's rows
 // from the ring, each batch's outputs pushed into the cluster (QKV, W13) or added into R (O, W2).
 template <int kM>
-__device__ int linear_hop(const Params &p, Smem *s, const Mat &m, const Ring &ring, const float *x, int l, int rank, int c, float *R) {
+__device__ int linear_hop(const Params &p, Smem *s, const Mat &m, const Ring &ring, const float *x, int l, int c, float *R) {
     const int lane = threadIdx.x % 32;
     const bool norm = kM == M_QKV || kM == M_W13;
     const float inv_rms = cs_stage_digits<false, kD / 4>(s->digits, s->u, s->ss, x, m.K, norm ? s->ones : nullptr, 1e-5f);
     CsLaneXOf<kD / 16 / 32> lx;
-    lx.load(s->digits, s->u, m.K, kG / 16);
-    const int row0 = rank * m.rows, q_rows = p.hpc * kHs;
+    lx.load(s->digits, s->u, m.K, m.gc);
+    const ClusterPlan &cp = c_cluster[c];
+    const int row0 = m.row0, q_rows = cp.heads * kHs;
     int piece = 0;
     for (int r0 = 0; r0 < m.rows; r0 += m.per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
@@ -179,10 +188,10 @@ __device__ int linear_hop(const Params &p, Smem *s, const Mat &m, const Ring &ri
                     const int i = row % kHs / 2;
                     out = (row & 1) ? other * c_sin[i] + v * c_cos[i] : v * c_cos[i] - other * c_sin[i];
                 }
-                if (valid && row >= q_rows && lane % 4 == 0 && c % (kHeads / kKvHeads / p.hpc) == 0) {
+                if (valid && row >= q_rows && lane % 4 == 0 && cp.store) {
                     const int e = row - q_rows, is_v = e >= kHs;
                     __half *cache = is_v ? p.vcache : p.kcache;
-                    cache[(((size_t)l * kKvHeads + kv_head_of(p, c)) * p.seq + p.pos) * kHs + e % kHs] = __float2half(out);
+                    cache[(((size_t)l * kKvHeads + cp.kvh) * p.seq + p.pos) * kHs + e % kHs] = __float2half(out);
                 }
                 cs_share_rows8(cs_saddr(s->qkv), out, first, in_piece - b, p.S, false);
             } else if (kM == M_W13) {   // rows 2i, 2i + 1: w1's and w3's row i of the cluster's share
@@ -200,10 +209,11 @@ __device__ int linear_hop(const Params &p, Smem *s, const Mat &m, const Ring &ri
 
 // The attention of head (cluster's head `rank`) at position P: q, k and v from s->qkv, the earlier
 // rows from the ring (kp pieces of keys, then kp of values); the output pushed into the cluster.
-__device__ int attention_hop(const Params &p, Smem *s, const Ring &ring, int rank) {
-    if (rank >= p.hpc) return 0;
+__device__ int attention_hop(const Params &p, Smem *s, const Ring &ring, int rank, int c) {
+    const int heads = c_cluster[c].heads;
+    if (rank >= heads) return 0;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = p.pos, kp = kv_pieces(p);
-    const float *q = s->qkv + rank * kHs, *k_own = s->qkv + p.hpc * kHs, *v_own = k_own + kHs;
+    const float *q = s->qkv + rank * kHs, *k_own = s->qkv + heads * kHs, *v_own = k_own + kHs;
     for (int i = 0; i < kp; i++) ring.wait(i);
     float m = -INFINITY;
     for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
@@ -253,7 +263,7 @@ __device__ void cluster_wait(Smem *s, int j, unsigned *phases) {
 // The end of a hop whose outputs were added into R_h: the zeroing of R_{h+1}'s buffer (by one
 // block), the block's barrier, its count.
 __device__ void count_stage(const Params &p, int h) {
-    if (h % kBlocks == (int)blockIdx.x)
+    if (h % p.B == (int)blockIdx.x)
         for (int i = threadIdx.x; i < kD; i += kCsConsumers) p.rbuf[h % 3][i] = 0.0f;
     cs_consumers_sync();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.count) : "memory");
@@ -276,26 +286,26 @@ __device__ void consume(const Params &p, Smem *s, int rank, int c) {
     for (int l = 0; l < p.layers; l++) {
         const int h = 2 * l + 1;   // O makes R_h, W2 R_{h+1}
         stamp(p, l, 0);
-        take_residual(p, s, p.base + kBlocks * (h - 1), l == 0 ? p.emb : p.rbuf[(h - 2) % 3]);
+        take_residual(p, s, p.base + p.B * (h - 1), l == 0 ? p.emb : p.rbuf[(h - 2) % 3]);
         stamp(p, l, 1);
-        piece += linear_hop<M_QKV>(p, s, pl.m[M_QKV], Ring{s, piece}, s->res, l, rank, c, nullptr);
+        piece += linear_hop<M_QKV>(p, s, pl.m[M_QKV], Ring{s, piece}, s->res, l, c, nullptr);
         within_cluster(l, 2);
-        piece += attention_hop(p, s, Ring{s, piece}, rank);
+        piece += attention_hop(p, s, Ring{s, piece}, rank, c);
         within_cluster(l, 4);
-        piece += linear_hop<M_O>(p, s, pl.m[M_O], Ring{s, piece}, s->att, l, rank, c, p.rbuf[(h - 1) % 3]);
+        piece += linear_hop<M_O>(p, s, pl.m[M_O], Ring{s, piece}, s->att, l, c, p.rbuf[(h - 1) % 3]);
         count_stage(p, h);
         stamp(p, l, 6);
-        take_residual(p, s, p.base + kBlocks * h, p.rbuf[(h - 1) % 3]);
+        take_residual(p, s, p.base + p.B * h, p.rbuf[(h - 1) % 3]);
         stamp(p, l, 7);
-        piece += linear_hop<M_W13>(p, s, pl.m[M_W13], Ring{s, piece}, s->res, l, rank, c, nullptr);
+        piece += linear_hop<M_W13>(p, s, pl.m[M_W13], Ring{s, piece}, s->res, l, c, nullptr);
         within_cluster(l, 8);
-        piece += linear_hop<M_W2>(p, s, pl.m[M_W2], Ring{s, piece}, s->hid, l, rank, c, p.rbuf[h % 3]);
+        piece += linear_hop<M_W2>(p, s, pl.m[M_W2], Ring{s, piece}, s->hid, l, c, p.rbuf[h % 3]);
         count_stage(p, h + 1);
         stamp(p, l, 10);
     }
     if (blockIdx.x == 0) {   // the step's result, then R_1's buffer zeroed for the next launch
         const int last = 2 * p.layers;
-        take_residual(p, s, p.base + kBlocks * last, p.rbuf[(last - 1) % 3]);
+        take_residual(p, s, p.base + p.B * last, p.rbuf[(last - 1) % 3]);
         for (int i = threadIdx.x; i < kD; i += kCsConsumers) p.out[i] = s->res[i], p.rbuf[0][i] = 0.0f;
     }
 }
@@ -346,72 +356,92 @@ struct Layer {
     HostMat wq, wk, wv, wo, w1, w3, w2;
 };
 
-// Record bytes of a row of K columns; its columns [k0, k0 + K) and their scales into dst.
-int rec_of(int K) { return ((K + 15) & ~15) + ((4 * (K / kG) + 15) & ~15); }
-void put_record(unsigned char *dst, const HostMat &m, int row, int k0, int K) {
-    memset(dst, 0, rec_of(K));
+// Record bytes of a row of K columns with a scale a piece of sc columns; the row's columns [k0,
+// k0 + K) and their scales (k0 and sc: multiples of 64 within groups of 128) into dst.
+int rec_of(int K, int sc) { return ((K + 15) & ~15) + ((4 * ((K + sc - 1) / sc) + 15) & ~15); }
+void put_record(unsigned char *dst, const HostMat &m, int row, int k0, int K, int sc) {
+    memset(dst, 0, rec_of(K, sc));
     memcpy(dst, &m.q[(size_t)row * m.K + k0], K);
-    memcpy(dst + ((K + 15) & ~15), &m.s[(size_t)row * (m.K / kG) + k0 / kG], 4 * (K / kG));
+    float *scales = reinterpret_cast<float *>(dst + ((K + 15) & ~15));
+    for (int j = 0; j * sc < K; j++) scales[j] = m.s[(size_t)row * (m.K / kG) + (k0 + j * sc) / kG];
 }
 
+// The grid's shape: C clusters of S blocks, each cluster's share (ClusterPlan).
 struct Config {
-    int S, C, hpc, groups0[17];   // groups0[c]: the first hidden group of cluster c (groups0[C] = 44)
+    int S, C;
+    ClusterPlan cl[kMaxClusters];
 };
-Config config_of(int S) {
+// The clusters dealt over the KV groups (group g takes clusters [g C / 4, (g + 1) C / 4)), each
+// group's 8 query heads over its clusters, the 44 hidden groups over all of them.
+Config config_of(int S, int C) {
     Config k = {};
-    k.S = S, k.C = kBlocks / S, k.hpc = kHeads / k.C;
-    for (int c = 0; c <= k.C; c++) k.groups0[c] = c * kGroupsH / k.C;
+    k.S = S, k.C = C;
+    const int per_group = kHeads / kKvHeads, hidden_groups = kHidden / kG;
+    for (int g = 0; g < kKvHeads; g++) {
+        const int c0 = g * C / kKvHeads, n = (g + 1) * C / kKvHeads - c0;
+        for (int i = 0; i < n; i++) {
+            ClusterPlan &cp = k.cl[c0 + i];
+            cp.kvh = g, cp.store = i == 0;
+            cp.head0 = g * per_group + i * per_group / n, cp.heads = (i + 1) * per_group / n - i * per_group / n;
+        }
+    }
+    for (int c = 0; c < C; c++) k.cl[c].hid0 = c * hidden_groups / C, k.cl[c].hid_groups = (c + 1) * hidden_groups / C - c * hidden_groups / C;
     return k;
 }
 
 // Cluster c's rows of a matrix (in the order its blocks take them), as (matrix, row, first column,
-// columns) for each local row.
+// columns) for each; the scales' piece of the matrix's records.
 struct RowRef {
     const HostMat *m;
     int row, k0, K;
 };
 std::vector<RowRef> rows_of(const Config &k, const Layer &L, int mat, int c) {
+    const ClusterPlan &cp = k.cl[c];
     std::vector<RowRef> v;
     if (mat == M_QKV) {
-        const int kvh = c * k.hpc / (kHeads / kKvHeads);
-        for (int i = 0; i < k.hpc * kHs; i++) v.push_back({&L.wq, c * k.hpc * kHs + i, 0, kD});
-        for (int i = 0; i < kHs; i++) v.push_back({&L.wk, kvh * kHs + i, 0, kD});
-        for (int i = 0; i < kHs; i++) v.push_back({&L.wv, kvh * kHs + i, 0, kD});
+        for (int i = 0; i < cp.heads * kHs; i++) v.push_back({&L.wq, cp.head0 * kHs + i, 0, kD});
+        for (int i = 0; i < kHs; i++) v.push_back({&L.wk, cp.kvh * kHs + i, 0, kD});
+        for (int i = 0; i < kHs; i++) v.push_back({&L.wv, cp.kvh * kHs + i, 0, kD});
     } else if (mat == M_O) {
-        for (int i = 0; i < kD; i++) v.push_back({&L.wo, i, c * k.hpc * kHs, k.hpc * kHs});
+        for (int i = 0; i < kD; i++) v.push_back({&L.wo, i, cp.head0 * kHs, cp.heads * kHs});
     } else if (mat == M_W13) {
-        for (int i = k.groups0[c] * kG; i < k.groups0[c + 1] * kG; i++) v.push_back({&L.w1, i, 0, kD}), v.push_back({&L.w3, i, 0, kD});
+        for (int i = cp.hid0 * kG; i < (cp.hid0 + cp.hid_groups) * kG; i++) v.push_back({&L.w1, i, 0, kD}), v.push_back({&L.w3, i, 0, kD});
     } else {
-        const int h0 = k.groups0[c] * kG, hn = (k.groups0[c + 1] - k.groups0[c]) * kG;
-        for (int i = 0; i < kD; i++) v.push_back({&L.w2, i, h0, hn});
+        for (int i = 0; i < kD; i++) v.push_back({&L.w2, i, cp.hid0 * kG, cp.hid_groups * kG});
     }
     return v;
 }
+int scale_cols_of(int mat) { return mat == M_O ? kHs : kG; }
 
-// The plan (each block's Mat of each matrix, the same in every layer) and one layer's pack.
+// The plan (each block's Mat of each matrix, the same in every layer; its rows a multiple of 8,
+// the cluster's last blocks taking fewer) and, with pack, one layer's records. Returns the layer's
+// bytes, or -1 where a shape does not hold.
 long long plan_layer(const Config &k, const Layer &L, BlockPlan *plan, std::vector<unsigned char> *pack) {
     long long at = 0;
-    for (int b = 0; b < kBlocks; b++)
+    for (int b = 0; b < k.C * k.S; b++)
         for (int mat = 0; mat < 4; mat++) {
             const std::vector<RowRef> rows = rows_of(k, L, mat, b / k.S);
-            const int per_block = (int)rows.size() / k.S, rank = b % k.S, K = rows[0].K, rec = rec_of(K);
+            const int n = (int)rows.size(), per = ((n + k.S - 1) / k.S + 7) & ~7, rank = b % k.S, K = rows[0].K, sc = scale_cols_of(mat);
             Mat &m = plan[b].m[mat];
-            m.off = at, m.rows = per_block, m.rec = rec, m.K = K, m.per_piece = kSlot / rec & ~7;
+            m.row0 = std::min(n, rank * per), m.rows = std::min(per, n - m.row0), m.rec = rec_of(K, sc), m.K = K, m.gc = sc / 16;
+            m.off = at, m.per_piece = kSlot / m.rec & ~7;
+            if (m.per_piece < 8 || K > kD || rows[0].k0 % kHs) return -1;
             if (pack) {
-                pack->resize(at + (size_t)per_block * rec);
-                for (int r = 0; r < per_block; r++) {
-                    const RowRef &x = rows[(size_t)rank * per_block + r];
-                    put_record(pack->data() + at + (size_t)r * rec, *x.m, x.row, x.k0, x.K);
+                pack->resize(at + (size_t)m.rows * m.rec);
+                for (int r = 0; r < m.rows; r++) {
+                    const RowRef &x = rows[(size_t)m.row0 + r];
+                    put_record(pack->data() + at + (size_t)r * m.rec, *x.m, x.row, x.k0, x.K, sc);
                 }
             }
-            at += (long long)per_block * rec;
+            at += (long long)m.rows * m.rec;
         }
     return at;
 }
 
-// The reference: the step in FP64 (weights as stored, x exact), R_0 -> R_{2 layers}.
+// The reference: the step in FP64 (weights as stored, x exact), R_0 -> R_{2 layers}; the step's key
+// and value rows (layers, kv heads, 2, hs) into *kv.
 std::vector<double> reference(const std::vector<Layer> &layers, const std::vector<float> &emb, const std::vector<__half> &kc,
-                              const std::vector<__half> &vc, int pos, int seq, const float *cosv, const float *sinv) {
+                              const std::vector<__half> &vc, int pos, int seq, const float *cosv, const float *sinv, std::vector<double> *kv) {
     std::vector<double> R(emb.begin(), emb.end()), xn(kD), qkv(kD + 2 * kKvHeads * kHs), att(kD), hid(kHidden);
     auto norm = [&](std::vector<double> &out) {
         double ss = 0;
@@ -435,6 +465,11 @@ std::vector<double> reference(const std::vector<Layer> &layers, const std::vecto
             const double a = qkv[i], b = qkv[i + 1];
             qkv[i] = a * cosv[f] - b * sinv[f], qkv[i + 1] = b * cosv[f] + a * sinv[f];
         }
+        for (int h = 0; h < kKvHeads; h++)
+            for (int d = 0; d < kHs; d++) {
+                const size_t at = (((size_t)l * kKvHeads + h) * 2) * kHs + d;
+                (*kv)[at] = qkv[kD + h * kHs + d], (*kv)[at + kHs] = qkv[kD + kKvHeads * kHs + h * kHs + d];
+            }
         for (int h = 0; h < kHeads; h++) {
             const int kvh = h / (kHeads / kKvHeads);
             const double *q = &qkv[h * kHs], *k_own = &qkv[kD + kvh * kHs], *v_own = &qkv[kD + kKvHeads * kHs + kvh * kHs];
@@ -465,8 +500,9 @@ std::vector<double> reference(const std::vector<Layer> &layers, const std::vecto
     return R;
 }
 
-const char *kPhaseNames[kPhases] = {"R loaded", "QKV", "QKV hand-over", "attention", "its hand-over", "O + count",
-                                    "R loaded", "W13", "W13 hand-over", "W2 + count", "(layer end)"};
+// What block 0 stamps: the name of the stretch from stamp k to stamp k + 1.
+const char *kPhaseNames[kPhases - 1] = {"R loaded", "QKV", "QKV hand-over", "attention", "its hand-over", "O + count",
+                                        "R loaded", "W13", "W13 hand-over", "W2 + count"};
 
 // The residual stream the device made against the reference's: relative L2.
 double off_by(const float *out, const std::vector<double> &ref) {
@@ -475,39 +511,66 @@ double off_by(const float *out, const std::vector<double> &ref) {
     return sqrt(num / den);
 }
 
-int run_config(int S, int layers, int pos, int seq, const std::vector<Layer> &model, const std::vector<float> &emb, __half *kc, __half *vc,
-               const std::vector<double> &ref) {
-    const Config k = config_of(S);
-    BlockPlan plan[kBlocks];
-    long long layer_bytes = plan_layer(k, model[0], plan, nullptr);
+// The steps' inputs and the references, made once for every shape.
+struct Model {
+    int layers, pos, seq;
+    std::vector<Layer> w;
+    std::vector<float> emb;
+    __half *kc, *vc;   // the device's caches
+    std::vector<double> ref, kv;
+    double bytes;      // a layer's INT8 weights and scales as the model holds them
+};
+
+// The step's key and value rows in the device's caches against the reference's (FP16 rounding).
+bool kv_stored(const Model &md) {
+    std::vector<__half> row(kHs);
+    for (int l = 0; l < md.layers; l++)
+        for (int h = 0; h < kKvHeads; h++)
+            for (int c = 0; c < 2; c++) {
+                const size_t at = (((size_t)l * kKvHeads + h) * md.seq + md.pos) * kHs;
+                if (cudaMemcpy(row.data(), (c ? md.vc : md.kc) + at, kHs * 2, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+                for (int d = 0; d < kHs; d++) {
+                    const double want = md.kv[(((size_t)l * kKvHeads + h) * 2 + c) * kHs + d], got = __half2float(row[d]);
+                    if (!(fabs(got - want) <= 2e-3 * std::max(1.0, fabs(want)))) {
+                        printf("  the step's %s row of layer %d, KV head %d, element %d: %g stored, %g the reference's\n", c ? "value" : "key", l, h,
+                               d, got, want);
+                        return false;
+                    }
+                }
+            }
+    return true;
+}
+
+int run_config(const Model &md, int S, int C) {
+    const Config k = config_of(S, C);
+    const int B = C * S;
+    for (int c = 0; c < C; c++)   // (the attention takes a block a head; the cluster's buffers their largest)
+        if (k.cl[c].heads > S || k.cl[c].heads > kMaxHpc || k.cl[c].hid_groups * kG > kMaxHid)
+            return printf("%d clusters of %d: cluster %d's %d heads and %d hidden groups do not fit; not run\n", C, S, c, k.cl[c].heads,
+                          k.cl[c].hid_groups), 0;
+    BlockPlan plan[kMaxBlocks];
+    const long long layer_bytes = plan_layer(k, md.w[0], plan, nullptr);
+    if (layer_bytes < 0) return printf("%d clusters of %d: a matrix's rows do not fit the plan; not run\n", C, S), 1;
     unsigned char *pack;
-    CK(cudaMalloc(&pack, layer_bytes * layers));
-    for (int l = 0; l < layers; l++) {
+    CK(cudaMalloc(&pack, (size_t)layer_bytes * md.layers));
+    for (int l = 0; l < md.layers; l++) {
         std::vector<unsigned char> bytes;
-        plan_layer(k, model[l], plan, &bytes);
-        CK(cudaMemcpy(pack + l * layer_bytes, bytes.data(), layer_bytes, cudaMemcpyHostToDevice));
+        plan_layer(k, md.w[l], plan, &bytes);
+        CK(cudaMemcpy(pack + (size_t)l * layer_bytes, bytes.data(), layer_bytes, cudaMemcpyHostToDevice));
     }
     CK(cudaMemcpyToSymbol(c_plan, plan, sizeof plan));
-    const size_t smem = sizeof(Smem);
-    CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    CK(cudaMemcpyToSymbol(c_cluster, k.cl, sizeof k.cl));
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = S, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(kBlocks), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = smem, cfg.attrs = &attr, cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, split_kernel, &cfg) != cudaSuccess) clusters = 0, (void)cudaGetLastError();
-    if (clusters < k.C) {   // every block must be resident at once (they wait for each other's counts)
-        printf("%d clusters of %d: the GPU places only %d at once; not run\n", k.C, S, clusters);
-        return cudaFree(pack), 0;
-    }
+    cfg.gridDim = dim3(B), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = sizeof(Smem), cfg.attrs = &attr, cfg.numAttrs = 1;
     Params p = {};
-    p.S = S, p.C = k.C, p.hpc = k.hpc, p.layers = layers, p.pos = pos, p.seq = seq, p.pack = pack, p.layer_bytes = layer_bytes;
-    p.kcache = kc, p.vcache = vc;
+    p.S = S, p.B = B, p.layers = md.layers, p.pos = md.pos, p.seq = md.seq, p.pack = pack, p.layer_bytes = layer_bytes;
+    p.kcache = md.kc, p.vcache = md.vc;
     float *emb_d, *out_d;
     CK(cudaMalloc(&emb_d, kD * 4));
-    CK(cudaMemcpy(emb_d, emb.data(), kD * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(emb_d, md.emb.data(), kD * 4, cudaMemcpyHostToDevice));
     p.emb = emb_d;
     for (int i = 0; i < 3; i++) {
         CK(cudaMalloc(&p.rbuf[i], kD * 4));
@@ -517,28 +580,28 @@ int run_config(int S, int layers, int pos, int seq, const std::vector<Layer> &mo
     CK(cudaMemset(p.count, 0, 4));
     CK(cudaMalloc(&out_d, kD * 4));
     p.out = out_d;
-    CK(cudaMalloc(&p.stamps, (size_t)layers * kPhases * 8));
+    CK(cudaMalloc(&p.stamps, (size_t)md.layers * kPhases * 8));
     const int warm = 20, timed = 200;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     std::vector<float> out(kD);
     double worst = 0;
-    auto check = [&](int launch) {   // the launch's residual stream against the reference
+    auto check = [&](int launch) {   // the launch's residual stream against the reference (1e-3: broken)
         if (cudaMemcpy(out.data(), out_d, kD * 4, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-        const double rel = off_by(out.data(), ref);
+        const double rel = off_by(out.data(), md.ref);
         worst = std::max(worst, rel);
-        if (!(rel <= 1e-4)) printf("%d clusters of %d: launch %d's residual stream is %.3g (relative L2) from the reference\n", k.C, S, launch, rel);
-        return rel <= 1e-4;
+        if (!(rel <= 1e-3)) printf("%d clusters of %d: launch %d's residual stream is %.3g (relative L2) from the reference\n", C, S, launch, rel);
+        return rel <= 1e-3;
     };
     for (int launch = 0; launch < warm + timed; launch++) {
         if (launch == warm) CK(cudaEventRecord(a));
-        p.base = (unsigned)launch * kBlocks * 2 * layers;
+        p.base = (unsigned)launch * B * 2 * md.layers;
         p.trace = launch == warm + timed / 2;
         CK(cudaLaunchKernelEx(&cfg, split_kernel, p));
         if (launch == 0) {
             CK(cudaDeviceSynchronize());
-            if (!check(launch)) return 1;
+            if (!check(launch) || !kv_stored(md)) return 1;
         }
     }
     CK(cudaEventRecord(b));
@@ -547,21 +610,24 @@ int run_config(int S, int layers, int pos, int seq, const std::vector<Layer> &mo
     if (!check(warm + timed - 1)) return 1;
     float ms;
     CK(cudaEventElapsedTime(&ms, a, b));
-    const double us = ms * 1e3 / timed, bytes = (double)layer_bytes * layers;
-    printf("%d clusters of %d, %d layers at position %d: %.1f us a step, %.2f a layer; weights %.1f MB a layer, %.0f GB/s (%.1f%% of 4480); "
-           "residual within %.2g of the reference\n",
-           k.C, S, layers, pos, us, us / layers, layer_bytes / 1e6, bytes / us * 1e-3, bytes / us * 1e-3 / 44.8, worst);
-    std::vector<unsigned long long> t((size_t)layers * kPhases);
+    const double us = ms * 1e3 / timed, model_rate = md.bytes * md.layers / us * 1e-3;
+    printf("%d clusters of %d (%d SMs), %d layers at position %d: %.1f us a step, %.2f a layer; the model's %.1f MB a layer at %.0f GB/s "
+           "(%.1f%% of 4480; the probe's records %.1f MB); residual within %.2g of the reference (%s 1e-5)\n",
+           C, S, B, md.layers, md.pos, us, us / md.layers, md.bytes / 1e6, model_rate, model_rate / 44.8, layer_bytes / 1e6, worst,
+           worst <= 1e-5 ? "within" : "PAST");
+    std::vector<unsigned long long> t((size_t)md.layers * kPhases);
     CK(cudaMemcpy(t.data(), p.stamps, t.size() * 8, cudaMemcpyDeviceToHost));
-    printf("  block 0's phases, us, mean over layers 1..%d of the traced launch:", layers - 1);
-    for (int ph = 1; ph < kPhases; ph++) {
+    printf("  block 0's phases, us, mean over layers 1..%d of the traced launch:", md.layers - 1);
+    for (int ph = 0; ph + 1 < kPhases; ph++) {
         double sum = 0;
-        for (int l = 1; l < layers; l++) sum += (double)(long long)(t[(size_t)l * kPhases + ph] - t[(size_t)l * kPhases + ph - 1]);
-        printf(" %s %.2f;", kPhaseNames[ph], sum / (layers - 1) / 1e3);
+        for (int l = 1; l < md.layers; l++) sum += (double)(long long)(t[(size_t)l * kPhases + ph + 1] - t[(size_t)l * kPhases + ph]);
+        printf(" %s %.2f;", kPhaseNames[ph], sum / (md.layers - 1) / 1e3);
     }
     double layer_us = 0;
-    for (int l = 1; l < layers; l++) layer_us += (double)(long long)(t[(size_t)l * kPhases] - t[(size_t)(l - 1) * kPhases]);
-    printf(" a layer %.2f\n", layer_us / (layers - 1) / 1e3);
+    for (int l = 1; l < md.layers; l++) layer_us += (double)(long long)(t[(size_t)l * kPhases] - t[(size_t)(l - 1) * kPhases]);
+    printf(" a layer %.2f\n", layer_us / (md.layers - 1) / 1e3);
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
     CK(cudaFree(pack));
     CK(cudaFree(emb_d));
     CK(cudaFree(out_d));
@@ -571,37 +637,66 @@ int run_config(int S, int layers, int pos, int seq, const std::vector<Layer> &mo
     return 0;
 }
 
+// The most clusters of S blocks the GPU holds at once (0 where none).
+int clusters_that_fit(int S) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = S, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(S), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = sizeof(Smem), cfg.attrs = &attr, cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, split_kernel, &cfg) != cudaSuccess) n = 0, (void)cudaGetLastError();
+    return n;
+}
+
 int probe_main(int layers, int pos) {
-    const int seq = pos + 1;
+    CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem)));
+    CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    const int sizes[] = {16, 8, 4};
+    int fit[3], runnable = 0;
+    printf("split_probe: TinyLlama's layers (dim %d, hidden %d, %d heads, %d kv heads) as clusters adding into the residual in L2; "
+           "%zu bytes of shared memory a block; clusters the GPU holds at once:",
+           kD, kHidden, kHeads, kKvHeads, sizeof(Smem));
+    for (int i = 0; i < 3; i++) {
+        fit[i] = std::min(clusters_that_fit(sizes[i]), std::min(kMaxClusters, kMaxBlocks / sizes[i]));
+        printf(" %d of %d;", fit[i], sizes[i]);
+        runnable += fit[i] >= kKvHeads;
+    }
+    printf("\n");
+    if (!runnable) return printf("split_probe: no shape of at least %d clusters fits\n", kKvHeads), 1;
+    Model md;
+    md.layers = layers, md.pos = pos, md.seq = pos + 1;
     Rng g = {0x9e3779b97f4a7c15ull};
-    std::vector<Layer> model(layers);
-    for (Layer &L : model) {
+    md.w.resize(layers);
+    for (Layer &L : md.w) {
         L.wq.make(kD, kD, g), L.wk.make(kKvHeads * kHs, kD, g), L.wv.make(kKvHeads * kHs, kD, g), L.wo.make(kD, kD, g);
         L.w1.make(kHidden, kD, g), L.w3.make(kHidden, kD, g), L.w2.make(kD, kHidden, g);
     }
-    std::vector<float> emb(kD);
-    for (float &v : emb) v = 2.0f * g.uniform() - 1.0f;
-    const size_t cache_n = (size_t)layers * kKvHeads * seq * kHs;
+    md.bytes = 0;
+    for (const HostMat *m : {&md.w[0].wq, &md.w[0].wk, &md.w[0].wv, &md.w[0].wo, &md.w[0].w1, &md.w[0].w3, &md.w[0].w2})
+        md.bytes += (double)m->q.size() + 4.0 * m->s.size();
+    md.emb.resize(kD);
+    for (float &v : md.emb) v = 2.0f * g.uniform() - 1.0f;
+    const size_t cache_n = (size_t)layers * kKvHeads * md.seq * kHs;
     std::vector<__half> kc(cache_n), vc(cache_n);
     for (size_t i = 0; i < cache_n; i++) kc[i] = __float2half(2.0f * g.uniform() - 1.0f), vc[i] = __float2half(2.0f * g.uniform() - 1.0f);
     float cosv[kHs / 2], sinv[kHs / 2];
     for (int i = 0; i < kHs / 2; i++) {
-        const float f = 1.0f / powf(10000.0f, 2.0f * i / kHs), a = pos * f;
-        cosv[i] = cosf(a), sinv[i] = sinf(a);
+        const float f = 1.0f / powf(10000.0f, 2.0f * i / kHs), angle = pos * f;
+        cosv[i] = cosf(angle), sinv[i] = sinf(angle);
     }
     CK(cudaMemcpyToSymbol(c_cos, cosv, sizeof cosv));
     CK(cudaMemcpyToSymbol(c_sin, sinv, sizeof sinv));
-    __half *kc_d, *vc_d;
-    CK(cudaMalloc(&kc_d, cache_n * 2));
-    CK(cudaMalloc(&vc_d, cache_n * 2));
-    CK(cudaMemcpy(kc_d, kc.data(), cache_n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(vc_d, vc.data(), cache_n * 2, cudaMemcpyHostToDevice));
-    const std::vector<double> ref = reference(model, emb, kc, vc, pos, seq, cosv, sinv);
-    printf("split_probe: TinyLlama's layers (dim %d, hidden %d, %d heads, %d kv heads) as clusters adding into the residual in L2\n", kD,
-           kHidden, kHeads, kKvHeads);
-    for (int S : {16, 8})
-        if (run_config(S, layers, pos, seq, model, emb, kc_d, vc_d, ref)) return 1;
-    return 0;
+    CK(cudaMalloc(&md.kc, cache_n * 2));
+    CK(cudaMalloc(&md.vc, cache_n * 2));
+    CK(cudaMemcpy(md.kc, kc.data(), cache_n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(md.vc, vc.data(), cache_n * 2, cudaMemcpyHostToDevice));
+    md.kv.resize((size_t)layers * kKvHeads * 2 * kHs);
+    md.ref = reference(md.w, md.emb, kc, vc, pos, md.seq, cosv, sinv, &md.kv);
+    int failed = 0;
+    for (int i = 0; i < 3; i++)
+        if (fit[i] >= kKvHeads) failed |= run_config(md, sizes[i], fit[i]);
+    return failed;
 }
 
 }  // namespace
