@@ -28,7 +28,7 @@
 // checked against an FP64 host reference (the final residual stream, relative L2; and the step's
 // key and value rows in the caches); then 200 launches are timed with events after 20, and one
 // launch's phases by block 0's %globaltimer.
-// make bench/split_probe && ./bench/split_probe [layers] [position]
+// make bench/split_probe && ./bench/split_probe [layers] [position] [blocks a cluster]
 #define CS_WATCHDOG   // a wait that does not end prints which and traps (cluster_step.cuh)
 #include <algorithm>
 #include <cmath>
@@ -46,7 +46,7 @@ constexpr int kD = 2048, kHidden = 5632, kHeads = 32, kKvHeads = 4, kHs = 64, kG
 constexpr int kSlot = 8 * (kD + 64), kSlots = 11;       // a slot: 8 rows of K = 2,048 (int8 + 16 scales)
 constexpr int kKvRows = 16384 / (kHs * 2);              // a piece of a head's cache rows
 constexpr int kMaxPos = 512, kMaxHpc = 8, kMaxHid = 8 * kG, kPhases = 11;
-constexpr long long kHang = 4000000000ll;               // cycles a count may take before the probe gives up
+constexpr long long kHang = 4000000000ll;               // cycles a count may take before the probe traps
 enum { M_QKV, M_O, M_W13, M_W2 };
 
 // One matrix's records for one block in a layer: rows of rec bytes (the row's int8 columns, padded
@@ -76,6 +76,7 @@ struct Params {
     const float *emb;            // R_0
     float *rbuf[3];              // the residual stream's buffers
     unsigned *count;             // blocks' counts, never reset: R_h is complete at base + B h
+    unsigned *arrived;           // (the first launch) every block counts in at its start: all resident?
     unsigned base;
     float *out;                  // R_{2 layers}
     unsigned long long *stamps;  // (layers, kPhases) block 0's %globaltimer in the traced launch
@@ -320,6 +321,16 @@ __global__ void __launch_bounds__(kCsThreads, 1) split_kernel(const Params p) {
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), p.S * kCsWarps);
         mbar_init_fence();
     }
+    if (p.arrived && threadIdx.x == 0) {   // every block must be resident at once (they wait for each other's counts)
+        atomicAdd(p.arrived, 1u);
+        const long long t0 = clock64();
+        while (*(volatile unsigned *)p.arrived < (unsigned)p.B)
+            if (clock64() - t0 > kHang) {
+                printf("split_probe: block %d: the grid's blocks are not all resident at once\n", blockIdx.x);
+                __trap();
+            }
+    }
+    __syncthreads();   // (the cluster barrier below is warp-aligned)
     cs_cluster_sync();
     if (threadIdx.x >= kCsConsumers) produce(p, s, rank, c);
     else consume(p, s, rank, c);
@@ -578,6 +589,11 @@ int run_config(const Model &md, int S, int C) {
     }
     CK(cudaMalloc(&p.count, 4));
     CK(cudaMemset(p.count, 0, 4));
+    unsigned *arrived;
+    CK(cudaMalloc(&arrived, 4));
+    CK(cudaMemset(arrived, 0, 4));
+    for (__half *cache : {md.kc, md.vc})   // the step's rows poisoned (FP16 NaN): this shape must store them
+        CK(cudaMemset2D(cache + (size_t)md.pos * kHs, (size_t)md.seq * kHs * 2, 0xff, kHs * 2, (size_t)md.layers * kKvHeads));
     CK(cudaMalloc(&out_d, kD * 4));
     p.out = out_d;
     CK(cudaMalloc(&p.stamps, (size_t)md.layers * kPhases * 8));
@@ -597,7 +613,7 @@ int run_config(const Model &md, int S, int C) {
     for (int launch = 0; launch < warm + timed; launch++) {
         if (launch == warm) CK(cudaEventRecord(a));
         p.base = (unsigned)launch * B * 2 * md.layers;
-        p.trace = launch == warm + timed / 2;
+        p.trace = launch == warm + timed / 2, p.arrived = launch == 0 ? arrived : nullptr;
         CK(cudaLaunchKernelEx(&cfg, split_kernel, p));
         if (launch == 0) {
             CK(cudaDeviceSynchronize());
@@ -633,6 +649,7 @@ int run_config(const Model &md, int S, int C) {
     CK(cudaFree(out_d));
     for (int i = 0; i < 3; i++) CK(cudaFree(p.rbuf[i]));
     CK(cudaFree(p.count));
+    CK(cudaFree(arrived));
     CK(cudaFree(p.stamps));
     return 0;
 }
@@ -649,10 +666,10 @@ int clusters_that_fit(int S) {
     return n;
 }
 
-int probe_main(int layers, int pos) {
+int probe_main(int layers, int pos, int only) {
     CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem)));
     CK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    const int sizes[] = {16, 8, 4};
+    const int sizes[] = {8, 4, 16};   // (16 last: the non-portable size; a trap there loses no other shape)
     int fit[3], runnable = 0;
     printf("split_probe: TinyLlama's layers (dim %d, hidden %d, %d heads, %d kv heads) as clusters adding into the residual in L2; "
            "%zu bytes of shared memory a block; clusters the GPU holds at once:",
@@ -660,6 +677,7 @@ int probe_main(int layers, int pos) {
     for (int i = 0; i < 3; i++) {
         fit[i] = std::min(clusters_that_fit(sizes[i]), std::min(kMaxClusters, kMaxBlocks / sizes[i]));
         printf(" %d of %d;", fit[i], sizes[i]);
+        if (only && sizes[i] != only) fit[i] = 0;
         runnable += fit[i] >= kKvHeads;
     }
     printf("\n");
@@ -702,8 +720,8 @@ int probe_main(int layers, int pos) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    const int layers = argc > 1 ? atoi(argv[1]) : 22, pos = argc > 2 ? atoi(argv[2]) : 256;
-    if (argc > 3 || layers < 2 || layers > 64 || pos < 1 || pos > kMaxPos)
-        return fprintf(stderr, "usage: split_probe [layers, 2-64] [position, 1-%d]\n", kMaxPos), 2;
-    return probe_main(layers, pos);
+    const int layers = argc > 1 ? atoi(argv[1]) : 22, pos = argc > 2 ? atoi(argv[2]) : 256, only = argc > 3 ? atoi(argv[3]) : 0;
+    if (argc > 4 || layers < 2 || layers > 64 || pos < 1 || pos > kMaxPos || (only && only != 4 && only != 8 && only != 16))
+        return fprintf(stderr, "usage: split_probe [layers, 2-64] [position, 1-%d] [blocks a cluster: 4, 8 or 16; all by default]\n", kMaxPos), 2;
+    return probe_main(layers, pos, only);
 }
