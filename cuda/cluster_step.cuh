@@ -204,6 +204,12 @@ struct CsRing {
     CsSmem *s;
     int base;                     // the block's first piece of the hop
     unsigned long long *waited;   // -DCS_TRACE: the traced thread's ns in these waits, else NULL
+    unsigned long long *mark;     // -DCS_TRACE: when the traced thread had x's digits (linear) or the softmax (attention)
+    __device__ void stamp_mark() const {
+#ifdef CS_TRACE
+        if (mark) *mark = cs_now();
+#endif
+    }
     __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
     __device__ unsigned char *wait(int i) const {
         const int n = base + i;
@@ -440,6 +446,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     if (h.gamma && lane == 0) ring.release(0);
     CsLaneX lx;
     lx.load(s->digits, s->u, h.K, h.group_chunks);
+    ring.stamp_mark();
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
@@ -546,6 +553,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + i);
         const float sum = cs_exp_sum(s->scores, P + 1, m, s->red[1]);
+        ring.stamp_mark();
         // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
         for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
         for (int e = threadIdx.x; e < 4 * p.hs; e += kCsConsumers) {
@@ -602,9 +610,16 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         const float *x = h.kind == CS_QKV || h.kind == CS_SWIGLU ? s->res : s->xb[i & 1];
         float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
         unsigned long long waited = 0;
-        const CsRing ring = {s, piece, stamp ? &waited : nullptr};
+#ifdef CS_TRACE
+        unsigned long long mark = 0;
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr};
+#else
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr};
+#endif
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst) : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst);
-        if (stamp) p.trace[p.n_hops + 5 + i] = waited;
+#ifdef CS_TRACE
+        if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
+#endif
         __syncwarp();
         if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
     }
@@ -992,7 +1007,8 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    CUDA_CHECK(cudaMalloc(&p.trace, (2 * p.n_hops + 5) * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMalloc(&p.trace, (4 * p.n_hops + 5) * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(p.trace, 0, (4 * p.n_hops + 5) * sizeof(unsigned long long), g->stream));
     c->c.trace = p.trace + p.n_hops + 3;
 #endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
@@ -1010,17 +1026,24 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 // its input's arrival to the next hop's), the classifier's.
 static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     const int n = c->p.n_hops;
-    unsigned long long t[2 * kCsMaxHops + 5];
+    unsigned long long t[4 * kCsMaxHops + 5];
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
-    CUDA_CHECK(cudaMemcpy(t, c->p.trace, (2 * n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
-    double kind_us[4] = {0, 0, 0, 0}, ring_us[4] = {0, 0, 0, 0};
+    CUDA_CHECK(cudaMemcpy(t, c->p.trace, (4 * n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
+    double kind_us[4] = {0, 0, 0, 0}, ring_us[4] = {0, 0, 0, 0}, first_us[4] = {0, 0, 0, 0}, work_us[4] = {0, 0, 0, 0};
     int kind_n[4] = {0, 0, 0, 0};
     CsHop hops[kCsMaxHops];
     CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; i++) {
         const int k = hops[i].kind;
         kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
+        if (t[2 * n + 5 + i]) first_us[k] += ((double)t[2 * n + 5 + i] - (double)t[2 + i]) / 1e3;   // (attention: block 0 has a head)
+        work_us[k] += ((double)t[3 * n + 5 + i] - (double)t[2 + i]) / 1e3;
     }
+    fprintf(stderr, "cluster step trace, block 0's own part of each hop (us, QKV / attention / output projection and w2 / w1/w3): "
+            "to x's digits (linear) or the softmax (attention) %.2f / %.2f / %.2f / %.2f; to its outputs sent %.2f / %.2f / %.2f / %.2f\n",
+            first_us[CS_QKV] / kind_n[CS_QKV], first_us[CS_ATTN] / kind_n[CS_ATTN], first_us[CS_RESID] / kind_n[CS_RESID],
+            first_us[CS_SWIGLU] / kind_n[CS_SWIGLU], work_us[CS_QKV] / kind_n[CS_QKV], work_us[CS_ATTN] / kind_n[CS_ATTN],
+            work_us[CS_RESID] / kind_n[CS_RESID], work_us[CS_SWIGLU] / kind_n[CS_SWIGLU]);
     fprintf(stderr,
             "cluster step trace (us): embedding %.2f; layers %.2f (%.2f a layer): QKV %.2f, attention %.2f, output projection and w2 "
             "%.2f, w1/w3 %.2f a hop (of them block 0's waits for the ring %.2f, %.2f, %.2f, %.2f); layers' end to the classifier's "
