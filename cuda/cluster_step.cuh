@@ -106,15 +106,22 @@ struct CsClsSmem {
 };
 
 __device__ __forceinline__ uint32_t cs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// CS_POLL (a measurement build): the waits poll with test_wait, which never suspends the thread,
+// instead of try_wait, which may.
+#ifdef CS_POLL
+#define CS_WAIT_OP "test_wait"
+#else
+#define CS_WAIT_OP "try_wait"
+#endif
 __device__ __forceinline__ bool cs_try(uint32_t a, int parity) {
     uint32_t done;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+    asm volatile("{\n .reg .pred p;\n mbarrier." CS_WAIT_OP ".parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                  : "=r"(done) : "r"(a), "r"(parity) : "memory");
     return done;
 }
 __device__ __forceinline__ bool cs_try_cluster(uint32_t a, int parity) {
     uint32_t done;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+    asm volatile("{\n .reg .pred p;\n mbarrier." CS_WAIT_OP ".parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                  : "=r"(done) : "r"(a), "r"(parity) : "memory");
     return done;
 }
