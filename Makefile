@@ -136,8 +136,6 @@ bench/split_probe: bench/split_probe.cu bench/probe.h $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -o $@ bench/split_probe.cu -lcublas
 bench/reduce_probe: bench/reduce_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/reduce_probe.cu
-bench/cluster_probe: bench/cluster_probe.cu bench/probe.h $(CUDA_SRC)
-	$(NVCC) $(NVFLAGS) -o $@ bench/cluster_probe.cu -lcublas
 # The integer MMA's latency and throughput (bench/NOTES.md 84)
 bench/mma_probe: bench/mma_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/mma_probe.cu
@@ -171,7 +169,7 @@ bench/cpu_read: bench/cpu_read.c engine/util.c engine/util.h
 	$(CC) $(CFLAGS) -march=native -o $@ bench/cpu_read.c engine/util.c $(LDLIBS)
 
 clean:
-	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/hop_probe bench/cluster_probe bench/mma_probe bench/skew_probe bench/tile_probe bench/reduce_probe bench/split_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/hop_probe bench/mma_probe bench/skew_probe bench/tile_probe bench/reduce_probe bench/split_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing: libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus
