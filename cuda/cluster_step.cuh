@@ -1,11 +1,12 @@
 // cluster_step.cuh: a small model's decode step with its layers on one thread-block cluster and
 // its classifier on the other SMs (sm_90), then its host side. The design, its probe and what it
-// measured: bench/NOTES.md 111, 112 and 114.
+// measured: bench/NOTES.md 111, 112, 114 and 115.
 //   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and 8 consumer warps
 //                         each: every block keeps the residual stream and the x of its hop in its
-//                         own shared memory; a hop's writers store each output into every block's
-//                         copy (st.shared::cluster) and arrive on each block's mbarrier, so that a
-//                         hop starts with one wait on the block's own barrier, no L2 on the chain
+//                         own shared memory; a hop's writers send each output into every block's
+//                         copy by st.async, whose bytes complete that block's mbarrier (armed by
+//                         the block with the hop's bytes), so that a hop starts with one wait on
+//                         the block's own barrier, no L2 and no release fence on the chain
 //   cs_classifier_kernel  the final norm, the logits and the greedy argmax on the SMs the cluster
 //                         leaves, launched as the layers' programmatic dependent: its blocks copy
 //                         their rows into shared memory while the layers run; the last block out
@@ -88,7 +89,10 @@ struct CsSmem {
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
     float scores[kCsMaxPos + 1];
-    float part[4 * kCsMaxHead];
+    float part[kCsConsumers];   // the weighted sums' parts (parts x hs)
+#ifdef CS_VEC_SEND
+    __align__(16) float head_out[kCsMaxHead];
+#endif
     float red[2][kCsWarps];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
@@ -155,11 +159,19 @@ __device__ __forceinline__ uint32_t cs_remote(uint32_t a, int rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
     return r;
 }
-__device__ __forceinline__ void cs_store_remote(uint32_t a, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+// An output (or 4 at a 16-byte aligned a) into block `rank`'s copy by st.async, whose bytes count
+// towards that block's barrier bar (the next hop's input, armed by the block itself with the
+// hop's bytes): no arrival and no release fence on the chain (NOTES 115).
+__device__ __forceinline__ void cs_send(uint32_t a, uint32_t bar, int rank, float v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(cs_remote(a, rank)),
+                 "r"(__float_as_uint(v)), "r"(cs_remote(bar, rank))
+                 : "memory");
 }
-__device__ __forceinline__ void cs_arrive_remote(uint32_t a) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a) : "memory");
+__device__ __forceinline__ void cs_send4(uint32_t a, uint32_t bar, int rank, float v0, float v1, float v2, float v3) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(cs_remote(a, rank)),
+                 "r"(__float_as_uint(v0)), "r"(__float_as_uint(v1)), "r"(__float_as_uint(v2)), "r"(__float_as_uint(v3)),
+                 "r"(cs_remote(bar, rank))
+                 : "memory");
 }
 // A box of a 2-D tensor (map: a __grid_constant__ parameter's) at column col and row row, counted
 // against bar's expected bytes as bulk copies are (rows past the tensor land as zeros).
@@ -206,15 +218,33 @@ __device__ __forceinline__ unsigned long long cs_key(float v, int i) {
 }
 __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { return key ? (int)(0xffffffffu - (unsigned)key) : 0; }
 
+// CS_TRACE's ticks: every consumer warp's clock64 at points of each hop (lane 0 stores them), kCsTicks
+// a warp a hop, [rank][hop][warp][tick] after the stamps: 0 the hop's input arrived; a linear hop's
+// 1 the norm's weights landed, 2 x's digits staged, 3 the lane's digits loaded, 4 the warp's first
+// batch's piece landed, 5 its 8 rows' products, 6 their sums, 7 the epilogue, 8 the outputs sent;
+// the attention's (its first head) 1 the keys landed, 2 the scores, 3 their maximum, 4 the
+// exponentials' sum, 5 the values landed, 6 the weighted sums, 7 the outputs sent; 9 the hop's
+// work done, 10 its end (as 9 since the sends count on the receivers' barriers; before, the
+// warp's arrival on them); 11 and 12 %globaltimer at 0 and 10. 0: not reached.
+constexpr int kCsTicks = 13;
+
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
     CsSmem *s;
     int base;                     // the block's first piece of the hop
     unsigned long long *waited;   // -DCS_TRACE: the traced thread's ns in these waits, else NULL
     unsigned long long *mark;     // -DCS_TRACE: when the traced thread had x's digits (linear) or the softmax (attention)
+    unsigned long long *ticks;    // -DCS_TRACE: this warp's ticks of the hop, else NULL
     __device__ void stamp_mark() const {
 #ifdef CS_TRACE
         if (mark) *mark = cs_now();
+#endif
+    }
+    __device__ void tick(int k) const {
+#ifdef CS_TRACE
+        if (ticks && threadIdx.x % 32 == 0) ticks[k] = clock64();
+#else
+        (void)k;
 #endif
     }
     __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
@@ -340,7 +370,11 @@ struct CsLaneXOf {
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
             u[j] = c < chunks ? u_of[c / 8] : 0.0f;
+#ifdef CS_ROWS_FIRST
+            scale[j] = min(c, chunks - 1) / group_chunks;   // (a chunk past K: its row's last group, times 0)
+#else
             scale[j] = c / group_chunks;
+#endif
 #pragma unroll
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
@@ -355,6 +389,7 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
+#ifndef CS_ROWS_FIRST
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
 // shared or global memory) into acc.
 template <class LaneX>
@@ -377,6 +412,40 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
     }
 }
+#else
+// CS_ROWS_FIRST (a measurement build, written, not yet run): the same, with every load of a chunk's
+// 8 rows asked for before its arithmetic (no branch between them: rows past n read row n - 1's
+// bytes, a lane past K its row's last chunk, both times 0 or dropped), so that the rows'
+// latencies overlap (NOTES 115: the rows one after another take about 1 us).
+template <class LaneX>
+__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
+    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
+#pragma unroll
+    for (int r = 0; r < 8; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LaneX::kMaxChunks; j++) {
+        if (32 * j >= x.chunks) break;   // (the warp's lanes alike)
+        const int c = min(lane + 32 * j, x.chunks - 1);
+        uint4 w[8];
+        float scale[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
+            w[r] = reinterpret_cast<const uint4 *>(at)[c];
+            scale[r] = reinterpret_cast<const float *>(at + scales_at)[x.scale[j]];
+        }
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const float sum = (float)cs_dot4(w[r], x.d[j][0]) + (float)cs_dot4(w[r], x.d[j][1]) * (1.0f / 254.0f) +
+                              (float)cs_dot4(w[r], x.d[j][2]) * (1.0f / (254.0f * 254.0f));
+            acc[r] += scale[r] * x.u[j] * sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        if (r >= n) acc[r] = 0.0f;
+}
+#endif
 
 // Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
 __device__ __forceinline__ float cs_sum8(const float acc[8]) {
@@ -426,52 +495,88 @@ __device__ __forceinline__ int cs_first_batch(int r0) {
     return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
 }
 
-// The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) stored
-// into every block's dst (lane d writes block d's copy); with pairs (SwiGLU: the even row holds
-// the pair's output), one output a pair, at the even row / 2.
-__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, float out, int first, int n, int cluster, bool pairs) {
+#ifndef CS_VEC_SEND
+// The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
+// every block's dst (lane d sends block d's copy); with pairs (SwiGLU: the even row holds the
+// pair's output), one output a pair, at the even row / 2.
+__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int q = 0; q < 8; q++) {
         const float o = __shfl_sync(~0u, out, 4 * q);
         if (lane >= cluster || q >= n) continue;
-        if (!pairs) cs_store_remote(cs_remote(dst_at + 4 * (first + q), lane), o);
-        else if (!(q & 1)) cs_store_remote(cs_remote(dst_at + 4 * ((first + q) / 2), lane), o);
+        if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o);
+        else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o);
     }
 }
+#else
+// CS_VEC_SEND (a measurement build, written, not yet run): the same, 4 outputs a send where all 8
+// are rows (first a multiple of 8), and the attention's head sent 4 outputs a send.
+__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
+    const int lane = threadIdx.x % 32;
+    float o[8];
+#pragma unroll
+    for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
+    if (lane >= cluster) return;
+    if (n >= 8 && !pairs) {
+        cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
+        cs_send4(dst_at + 4 * (first + 4), bar_at, lane, o[4], o[5], o[6], o[7]);
+    } else if (n >= 8) {
+        cs_send4(dst_at + 4 * (first / 2), bar_at, lane, o[0], o[2], o[4], o[6]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            if (q >= n) continue;
+            if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
+            else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o[q]);
+        }
+    }
+}
+#endif
 
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
 template <typename KV>
-__device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst) {
+__device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
+                             uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
-    const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-    if (h.gamma && lane == 0) ring.release(0);
+    ring.tick(1);
     CsLaneX lx;
+    const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+    ring.tick(2);
+    if (h.gamma && lane == 0) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);
     ring.stamp_mark();
+    ring.tick(3);
+    bool first = true;
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
+            if (first) ring.tick(4);
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            if (first) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
+            if (first) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
             float out = v;
             if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * (1.0f / (1.0f + expf(-v))) * other;
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
-            cs_share_rows8(dst_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
+            if (first) ring.tick(7);
+            cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
+            if (first) ring.tick(8);
+            first = false;
         }
         __syncwarp();
         if (lane == 0) ring.release(piece);
@@ -531,8 +636,9 @@ __device__ __forceinline__ float cs_exp_sum(float *scores, int n, float m, float
 // then k, then v), the earlier rows of the head's kv head from the ring (kp pieces of its key
 // rows, then kp of its value rows). Returns the pieces it took.
 template <typename KV>
-__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst) {
+__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = (P + p.per - 1) / p.per;
+    (void)warp;   // (unused with CS_VEC_SEND)
     const uint32_t dst_at = cs_saddr(dst);
     const float scale = 1.0f / sqrtf((float)p.hs);
     int nth = 0;
@@ -542,6 +648,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         // scores: a thread a position (the step's own from x); every key piece waited for first, so
         // that no wait sits in the loop
         for (int i = 0; i < kp; i++) ring.wait(base + i);
+        if (nth == 0) ring.tick(1);
         float m = -INFINITY;
         for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
             float sc = 0.0f;
@@ -556,31 +663,57 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             s->scores[t] = sc;
             m = fmaxf(m, sc);
         }
+        if (nth == 0) ring.tick(2);
         m = cs_consumers_max(m, s->red[0]);
+        if (nth == 0) ring.tick(3);
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + i);
         const float sum = cs_exp_sum(s->scores, P + 1, m, s->red[1]);
         ring.stamp_mark();
-        // the weighted sum of the value rows: a thread a dimension and a quarter of the positions
+        if (nth == 0) ring.tick(4);
+        // the weighted sum of the value rows: a thread a dimension and every parts-th position of
+        // each piece (no division in the loop: a piece's rows are consecutive)
         for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
-        for (int e = threadIdx.x; e < 4 * p.hs; e += kCsConsumers) {
-            const int d = e % p.hs, part = e / p.hs;
+        if (nth == 0) ring.tick(5);
+        const int parts = kCsConsumers / p.hs;   // (2 to 21: head sizes 12 to 128)
+        if (threadIdx.x < parts * p.hs) {
+            const int d = threadIdx.x % p.hs, part = threadIdx.x / p.hs;
             float a = 0.0f;
-            for (int t = part; t < P; t += 4) {
-                const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + t / p.per)) + (size_t)(t % p.per) * p.hs;
-                a += s->scores[t] * (float)v[d];
+            for (int i = 0; i < kp; i++) {
+                const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + i)) + d;
+                const float *sc = s->scores + i * p.per;
+                const int rows = min(p.per, P - i * p.per);
+#pragma unroll 4
+                for (int r = part; r < rows; r += parts) a += sc[r] * (float)v[(size_t)r * p.hs];
             }
             if (part == 0) a += s->scores[P] * (float)(KV)x[p.q_dim + p.kvd + kvh * p.hs + d];   // (as the cache holds it)
-            s->part[e] = a;
+            s->part[threadIdx.x] = a;
         }
         cs_consumers_sync();
+        if (nth == 0) ring.tick(6);
         if (lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + kp + i);
+#ifndef CS_VEC_SEND
         for (int d = warp; d < p.hs; d += kCsWarps) {
-            const float o = (s->part[d] + s->part[p.hs + d] + s->part[2 * p.hs + d] + s->part[3 * p.hs + d]) / sum;
-            if (lane < p.cluster) cs_store_remote(cs_remote(dst_at + 4 * (head * p.hs + d), lane), o);
+            float o = 0.0f;
+            for (int j = 0; j < parts; j++) o += s->part[j * p.hs + d];
+            o /= sum;
+            if (lane < p.cluster) cs_send(dst_at + 4 * (head * p.hs + d), bar_at, lane, o);
         }
-        cs_consumers_sync();   // part and scores free for the next head
+#else   // the head's outputs gathered, then sent 4 a send (head sizes are multiples of 4)
+        for (int d = threadIdx.x; d < p.hs; d += kCsConsumers) {
+            float o = 0.0f;
+            for (int j = 0; j < parts; j++) o += s->part[j * p.hs + d];
+            s->head_out[d] = o / sum;
+        }
+        cs_consumers_sync();
+        for (int t = threadIdx.x; t < p.cluster * (p.hs / 4); t += kCsConsumers) {
+            const int to = t / (p.hs / 4), d = 4 * (t % (p.hs / 4));
+            cs_send4(dst_at + 4 * (head * p.hs + d), bar_at, to, s->head_out[d], s->head_out[d + 1], s->head_out[d + 2], s->head_out[d + 3]);
+        }
+#endif
+        if (nth == 0) ring.tick(7);
+        cs_consumers_sync();   // part, scores and head_out free for the next head
     }
     return 2 * kp * nth;
 }
@@ -599,7 +732,6 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
 
 template <typename KV>
 __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
-    const int lane = threadIdx.x % 32;
     const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
     if (stamp) cs_stamp(p.trace, 0);
@@ -618,17 +750,31 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
         unsigned long long waited = 0;
 #ifdef CS_TRACE
-        unsigned long long mark = 0;
-        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr};
+        unsigned long long mark = 0, *ticks = p.trace + 4 * p.n_hops + 5 + ((size_t)(rank * p.n_hops + i) * kCsWarps + threadIdx.x / 32) * kCsTicks;
+        if (threadIdx.x % 32 < kCsTicks) ticks[threadIdx.x % 32] = 0;
+        __syncwarp();
+        const unsigned long long start_ns = cs_now();
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr, ticks};
 #else
-        const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr};
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
 #endif
-        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst) : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst);
+        ring.tick(0);
+        const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
+        // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
+        // so without this one could fall two of their phases behind, past what a parity tells
+        cs_consumers_sync();
+        if (threadIdx.x == 0)   // (its phase before completed before any block could start this hop)
+            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows));
+        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
+                                   : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
+        ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
 #endif
-        __syncwarp();
-        if (lane < p.cluster) cs_arrive_remote(cs_remote(cs_saddr(&s->xbar[(i + 1) & 1]), lane));
+        ring.tick(10);
+#ifdef CS_TRACE
+        if (threadIdx.x % 32 == 0) ticks[11] = start_ns, ticks[12] = cs_now();
+#endif
     }
     cs_wait<true>(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1, CS_AT_HOP, p.n_hops);
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
@@ -647,7 +793,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
     if (threadIdx.x == 0) {
         for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsWarps);
-        for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), p.cluster * kCsWarps);
+        for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
         mbar_init_fence();
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
@@ -1014,8 +1160,9 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    CUDA_CHECK(cudaMalloc(&p.trace, (4 * p.n_hops + 5) * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(p.trace, 0, (4 * p.n_hops + 5) * sizeof(unsigned long long), g->stream));
+    const size_t trace_words = 4 * p.n_hops + 5 + (size_t)p.cluster * p.n_hops * kCsWarps * kCsTicks;   // the stamps, then the ticks
+    CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
     c->c.trace = p.trace + p.n_hops + 3;
 #endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
@@ -1029,6 +1176,7 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 }
 
 #ifdef CS_TRACE
+static void cs_ticks_report(const GpuCluster *c, const CsHop *hops);
 // The 101st launch's stamps (cs_stamp), in us: the layers' phases, each kind of hop's mean (from
 // its input's arrival to the next hop's), the classifier's.
 static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
@@ -1059,6 +1207,73 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
             ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
             ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+    cs_ticks_report(c, hops);
+}
+#endif
+
+#ifdef CS_TRACE
+// The 101st launch's ticks (kCsTicks), each kind of hop's mean over its hops, in ns (clock64 cycles
+// at the rate the stamps' %globaltimer gives): from a warp's input to each of its ticks, for the mean
+// warp and for each block's last warp to end the hop; then from a hop's first input to its last
+// warp's end anywhere in the cluster, and from that end to the next hop's inputs (the hand-over).
+static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
+    const int n = c->p.n_hops, R = c->p.cluster;
+    const size_t words = (size_t)R * n * kCsWarps * kCsTicks;
+    unsigned long long *t = (unsigned long long *)malloc(words * sizeof(unsigned long long));
+    if (!t) return;
+    CUDA_CHECK(cudaMemcpy(t, c->p.trace + 4 * n + 5, words * sizeof(t[0]), cudaMemcpyDeviceToHost));
+    auto at = [&](int r, int i, int w) { return t + ((size_t)(r * n + i) * kCsWarps + w) * kCsTicks; };
+    double cyc = 0, ns = 0;
+    unsigned long long odd = 0, all = 0;   // %globaltimer stamps not a multiple of 32 ns: its resolution
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < n; i++)
+            for (int w = 0; w < kCsWarps; w++) {
+                const unsigned long long *k = at(r, i, w);
+                if (k[0] && k[10]) cyc += (double)(k[10] - k[0]), ns += (double)(k[12] - k[11]);
+                odd += (k[11] % 32 != 0) + (k[12] % 32 != 0), all += 2;
+            }
+    const double ns_a_cycle = cyc > 0 ? ns / cyc : 0;
+    fprintf(stderr, "cluster step ticks: %.3f GHz by %%globaltimer; %llu of %llu of its stamps off a 32 ns step\n", 1 / ns_a_cycle, odd, all);
+    const char *names[4] = {"QKV", "attention", "output projection and w2", "w1/w3"};
+    for (int kind = 0; kind < 4; kind++) {
+        double mean[kCsTicks] = {0}, crit[kCsTicks] = {0}, span = 0, gap = 0;
+        int mean_n[kCsTicks] = {0}, crit_n[kCsTicks] = {0}, spans = 0, gaps = 0;
+        for (int i = 0; i < n; i++) {
+            if (hops[i].kind != kind) continue;
+            unsigned long long first = ~0ull, last = 0;
+            for (int r = 0; r < R; r++) {
+                int slow = -1;
+                for (int w = 0; w < kCsWarps; w++) {
+                    const unsigned long long *k = at(r, i, w);
+                    if (!k[0]) continue;
+                    for (int j = 1; j <= 10; j++)
+                        if (k[j]) mean[j] += (double)(k[j] - k[0]), mean_n[j]++;
+                    first = k[11] < first ? k[11] : first, last = k[12] > last ? k[12] : last;
+                    if (slow < 0 || k[12] > at(r, i, slow)[12]) slow = w;
+                }
+                if (slow < 0) continue;
+                const unsigned long long *k = at(r, i, slow);
+                for (int j = 1; j <= 10; j++)
+                    if (k[j]) crit[j] += (double)(k[j] - k[0]), crit_n[j]++;
+            }
+            if (!last) continue;
+            span += (double)(last - first), spans++;
+            if (i + 1 < n)
+                for (int r = 0; r < R; r++) {
+                    unsigned long long next = ~0ull;
+                    for (int w = 0; w < kCsWarps; w++)
+                        if (at(r, i + 1, w)[11]) next = at(r, i + 1, w)[11] < next ? at(r, i + 1, w)[11] : next;
+                    if (next != ~0ull) gap += (double)next - (double)last, gaps++;
+                }
+        }
+        fprintf(stderr, "cluster step ticks, %s: first input to the last warp's end %.0f ns, from there to the next inputs %.0f ns; "
+                "from a warp's input to its tick 1..10, ns, the mean warp:", names[kind], spans ? span / spans : 0, gaps ? gap / gaps : 0);
+        for (int j = 1; j <= 10; j++) fprintf(stderr, " %.0f", mean_n[j] ? mean[j] / mean_n[j] * ns_a_cycle : -1.0);
+        fprintf(stderr, "; each block's last warp:");
+        for (int j = 1; j <= 10; j++) fprintf(stderr, " %.0f", crit_n[j] ? crit[j] / crit_n[j] * ns_a_cycle : -1.0);
+        fprintf(stderr, "\n");
+    }
+    free(t);
 }
 #endif
 
