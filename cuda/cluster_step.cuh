@@ -259,8 +259,18 @@ struct CsRing {
 #endif
         return at(i);
     }
-    __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }   // by one lane a warp
+    __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }
 };
+// Who releases a ring slot: lane 0 of each warp once the warp's reads are ordered before it (by a
+// barrier or __syncwarp); with CS_THREAD_RELEASE (a measurement build, written, not yet run)
+// every consumer thread, its own reads released, as the megakernel's consumers do
+// (compute-sanitizer's racecheck reports the one-lane form: NOTES 115).
+#ifdef CS_THREAD_RELEASE
+constexpr bool kCsAllRelease = true;
+#else
+constexpr bool kCsAllRelease = false;
+#endif
+constexpr int kCsReleasers = kCsAllRelease ? kCsConsumers : kCsWarps;   // a ring slot's empty barrier's arrivals
 
 // A linear hop's rows in this block.
 __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
@@ -548,7 +558,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     CsLaneX lx;
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
-    if (h.gamma && lane == 0) ring.release(0);
+    if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);
     ring.stamp_mark();
     ring.tick(3);
@@ -579,7 +589,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             first = false;
         }
         __syncwarp();
-        if (lane == 0) ring.release(piece);
+        if (kCsAllRelease || lane == 0) ring.release(piece);
     }
     return piece;
 }
@@ -666,7 +676,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (nth == 0) ring.tick(2);
         m = cs_consumers_max(m, s->red[0]);
         if (nth == 0) ring.tick(3);
-        if (lane == 0)
+        if (kCsAllRelease || lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + i);
         const float sum = cs_exp_sum(s->scores, P + 1, m, s->red[1]);
         ring.stamp_mark();
@@ -691,7 +701,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         }
         cs_consumers_sync();
         if (nth == 0) ring.tick(6);
-        if (lane == 0)
+        if (kCsAllRelease || lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + kp + i);
 #ifndef CS_VEC_SEND
         for (int d = warp; d < p.hs; d += kCsWarps) {
@@ -792,7 +802,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     const int words = p.n_hops * (int)sizeof(CsHop) / 4;
     for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsWarps);
+        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
         mbar_init_fence();
     }
