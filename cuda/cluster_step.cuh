@@ -426,7 +426,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
 // CS_ROWS_FIRST (a measurement build, written, not yet run): the same, with every load of a chunk's
 // 8 rows asked for before its arithmetic (no branch between them: rows past n read row n - 1's
 // bytes, a lane past K its row's last chunk, both times 0 or dropped), so that the rows'
-// latencies overlap (NOTES 115: the rows one after another take about 1 us).
+// latencies overlap (NOTES 115).
 template <class LaneX>
 __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
     const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
@@ -505,12 +505,32 @@ __device__ __forceinline__ int cs_first_batch(int r0) {
     return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
 }
 
-#ifndef CS_VEC_SEND
+// CS_VEC_SEND (a measurement build, written, not yet run): 4 outputs a send where a batch's 8 are
+// all rows (first a multiple of 8), and the attention's head sent 4 outputs a send.
+#ifdef CS_VEC_SEND
+constexpr bool kCsVecSend = true;
+#else
+constexpr bool kCsVecSend = false;
+#endif
+
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
 // every block's dst (lane d sends block d's copy); with pairs (SwiGLU: the even row holds the
 // pair's output), one output a pair, at the even row / 2.
 __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
     const int lane = threadIdx.x % 32;
+    if (kCsVecSend && n >= 8) {
+        float o[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
+        if (lane >= cluster) return;
+        if (!pairs) {
+            cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
+            cs_send4(dst_at + 4 * (first + 4), bar_at, lane, o[4], o[5], o[6], o[7]);
+        } else {
+            cs_send4(dst_at + 4 * (first / 2), bar_at, lane, o[0], o[2], o[4], o[6]);
+        }
+        return;
+    }
 #pragma unroll
     for (int q = 0; q < 8; q++) {
         const float o = __shfl_sync(~0u, out, 4 * q);
@@ -519,30 +539,6 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
         else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o);
     }
 }
-#else
-// CS_VEC_SEND (a measurement build, written, not yet run): the same, 4 outputs a send where all 8
-// are rows (first a multiple of 8), and the attention's head sent 4 outputs a send.
-__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
-    const int lane = threadIdx.x % 32;
-    float o[8];
-#pragma unroll
-    for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
-    if (lane >= cluster) return;
-    if (n >= 8 && !pairs) {
-        cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
-        cs_send4(dst_at + 4 * (first + 4), bar_at, lane, o[4], o[5], o[6], o[7]);
-    } else if (n >= 8) {
-        cs_send4(dst_at + 4 * (first / 2), bar_at, lane, o[0], o[2], o[4], o[6]);
-    } else {
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            if (q >= n) continue;
-            if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
-            else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o[q]);
-        }
-    }
-}
-#endif
 
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
@@ -703,19 +699,18 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (nth == 0) ring.tick(6);
         if (kCsAllRelease || lane == 0)
             for (int i = 0; i < kp; i++) ring.release(base + kp + i);
-#ifndef CS_VEC_SEND
-        for (int d = warp; d < p.hs; d += kCsWarps) {
+        auto output = [&](int d) {   // dimension d of the head's output
             float o = 0.0f;
             for (int j = 0; j < parts; j++) o += s->part[j * p.hs + d];
-            o /= sum;
+            return o / sum;
+        };
+#ifndef CS_VEC_SEND
+        for (int d = warp; d < p.hs; d += kCsWarps) {
+            const float o = output(d);
             if (lane < p.cluster) cs_send(dst_at + 4 * (head * p.hs + d), bar_at, lane, o);
         }
 #else   // the head's outputs gathered, then sent 4 a send (head sizes are multiples of 4)
-        for (int d = threadIdx.x; d < p.hs; d += kCsConsumers) {
-            float o = 0.0f;
-            for (int j = 0; j < parts; j++) o += s->part[j * p.hs + d];
-            s->head_out[d] = o / sum;
-        }
+        for (int d = threadIdx.x; d < p.hs; d += kCsConsumers) s->head_out[d] = output(d);
         cs_consumers_sync();
         for (int t = threadIdx.x; t < p.cluster * (p.hs / 4); t += kCsConsumers) {
             const int to = t / (p.hs / 4), d = 4 * (t % (p.hs / 4));
