@@ -86,8 +86,14 @@ struct CsSmem {
     unsigned char ring[kCsSlots][kCsSlotBytes];
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
+#ifndef CS_MMA_ROWS
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+#else   // x in FP16 halves for the tensor cores (4 columns: hi 0-1, lo 0-1, hi 2-3, lo 2-3), a scale
+        // and a sum of squares a 64-column step
+    uint4 xq[kCsMaxX / 4];
+    float xstep[kCsMaxX / 64], xss[kCsMaxX / 64];
+#endif
     float scores[kCsMaxPos + 1];
     float part[kCsConsumers];   // the weighted sums' parts (parts x hs)
 #ifdef CS_VEC_SEND
@@ -97,8 +103,19 @@ struct CsSmem {
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
+#ifdef CS_MMA_ROWS
+    unsigned long long xready[kCsMaxX / 64];   // a step of x staged: its 16 lanes' arrivals
+    unsigned xphase[kCsWarps];                 // a warp's next parity of each step's xready (bit j)
+#endif
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
+// Where a linear hop stages x (its digits, or its halves), free during the attention, which keeps
+// its warps' parts there (CS_WARP_ATTN).
+#ifndef CS_MMA_ROWS
+constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = sizeof(CsSmem::digits);
+#else
+constexpr size_t kCsScratchAt = offsetof(CsSmem, xq), kCsScratchBytes = sizeof(CsSmem::xq);
+#endif
 // cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
 struct CsClsSmem {
     unsigned char rows[kCsPreload];
@@ -540,6 +557,130 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
+#ifdef CS_MMA_ROWS
+// CS_MMA_ROWS (a measurement build, written, not yet run): a linear hop's rows on the tensor cores,
+// x staged without a barrier of all the consumers (NOTES 116).
+//   Staging: each 64-column step of x (times gamma) is scaled by a power of 2 that puts its largest
+//   element in [2^14, 2^15) and split into two FP16 halves, hi = fp16(x) and lo = fp16(x - hi):
+//   hi + lo is within about 2^-22 of x (the digits hold x to about 1e-7 of its group's largest).
+//   The 16 lanes of a half-warp take a step (4 columns each), the warps' halves taking the steps
+//   in turn, and each lane arrives on the step's barrier once it has stored its part. A reader
+//   waits for each step it reads, in order: the first rows start as soon as the first step is in.
+//   Rows: mma.sync m16n8k16 with x as A (row 0 hi, row 8 lo, the rest 0) and a batch's 8 rows of
+//   weights as B (int8 to FP16 exactly, as q8_mma_kernel): lane (g, t) loads bytes [16t, 16t + 16)
+//   of row g's step, k permuted as in q8_mma_kernel, and lanes 0-3 x's halves of the same columns,
+//   4 columns' a load, which is one mma's A fragment as it lies. D's rows 0 (hi) and 8 (lo), in
+//   lanes 0-3, hold the 8 rows' sums: each step's times its scale, each group's times the rows'
+//   group scales (groups of a multiple of 64 columns).
+constexpr int kCsStep = 64;
+
+__device__ __forceinline__ uint4 cs_lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
+// Stages x (K elements, times gamma where given) as its halves, the steps' scales (2^-e) and their
+// sums of squares of x (for the norm), each step's barrier completed by its 16 lanes.
+__device__ void cs_stage_halves(CsSmem *s, const float *x, const float *gamma, int K) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16, hl = lane % 16;
+    const unsigned mask = 0xffffu << (16 * half);
+    const int steps = (K + kCsStep - 1) / kCsStep;
+    for (int j = warp + kCsWarps * half; j < steps; j += 2 * kCsWarps) {
+        const int k = kCsStep * j + 4 * hl;   // (x's buffers and the ring's slot hold these 4 past K: masked)
+        const float4 xv = *reinterpret_cast<const float4 *>(x + k);
+        const float4 gv = gamma ? *reinterpret_cast<const float4 *>(gamma + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        const float raw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+        float v[4], m = 0.0f, ss = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float xq = k + q < K ? raw[q] : 0.0f;
+            v[q] = k + q < K ? xq * gw[q] : 0.0f;
+            m = fmaxf(m, fabsf(v[q]));
+            ss += xq * xq;
+        }
+#pragma unroll
+        for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(mask, m, o)), ss += __shfl_xor_sync(mask, ss, o);
+        // e: m * 2^e in [2^14, 2^15) (m's biased exponent b: 2^(b - 127) <= m), kept where 2^e and 2^-e are normal
+        const int e = m > 0.0f ? min(max(141 - (int)((__float_as_uint(m) >> 23) & 0xff), -126), 126) : 0;
+        const float up = __int_as_float((127 + e) << 23);
+        uint32_t w[4];   // hi of columns k, k + 1; their lo; hi of k + 2, k + 3; their lo
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const float a = v[2 * q] * up, b = v[2 * q + 1] * up;
+            const __half2 hi = __floats2half2_rn(a, b);
+            const float2 back = __half22float2(hi);
+            const __half2 lo = __floats2half2_rn(a - back.x, b - back.y);
+            w[2 * q] = *reinterpret_cast<const uint32_t *>(&hi), w[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&lo);
+        }
+        s->xq[k / 4] = make_uint4(w[0], w[1], w[2], w[3]);
+        if (hl == 0) s->xstep[j] = __int_as_float((127 - e) << 23), s->xss[j] = ss;
+        mbar_arrive(cs_saddr(&s->xready[j]));   // (with release: this lane's stores)
+    }
+}
+
+// The warp's 8 rows (n of them rows, records rec bytes apart from first) times x's halves: on return
+// lanes 4r..4r+3 hold row r's sum before the norm (0 past n), as cs_sum8's. Steps from *ready on are
+// waited for first (phases: the parity of each step's barrier for this hop); group_steps: the
+// weights' group size / 64.
+__device__ __forceinline__ float cs_rows8_mma(const CsSmem *s, const unsigned char *first, int rec, int n, int K, int group_steps,
+                                              int *ready, unsigned phases) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = (K + kCsStep - 1) / kCsStep;
+    const int chunks = (K + 15) / 16, scales_at = (K + 15) & ~15;
+    const unsigned char *row = first + (size_t)min(g, n - 1) * rec;   // B's column g: this lane's weights
+    const float *scale0 = reinterpret_cast<const float *>(first + (size_t)min(2 * t, n - 1) * rec + scales_at);
+    const float *scale1 = reinterpret_cast<const float *>(first + (size_t)min(2 * t + 1, n - 1) * rec + scales_at);
+    float sum0 = 0.0f, sum1 = 0.0f, group0 = 0.0f, group1 = 0.0f;   // rows 2t and 2t + 1 (lanes 0-3)
+    int gi = 0, in_group = 0;                                        // the step's group, its steps before it
+    struct Step {
+        uint4 w, x[4];   // x[q]: mma q's A fragment (lanes 0-3; 0 in the others)
+    };
+    auto wait_for = [&](int j) {
+        if (j >= *ready) cs_wait(cs_saddr(&s->xready[j]), (phases >> j) & 1, CS_AT_HOP, -1 - j), *ready = j + 1;
+    };
+    auto load = [&](int j, Step &in) {   // (volatile: issued here, not sunk to where a second step is used)
+        in.w = cs_lds128(cs_saddr(row + 16 * min(4 * j + t, chunks - 1)));   // (past K: times 0)
+        if (lane < 4)
+#pragma unroll
+            for (int q = 0; q < 4; q++) in.x[q] = cs_lds128(cs_saddr(&s->xq[(kCsStep * j + 16 * t) / 4 + q]));
+    };
+    auto multiply = [&](int j, const Step &in) {
+        float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // mma q: k = 2t, 2t + 1 and 2t + 8, 2t + 9 are the lane's columns 4q .. 4q + 3 of the step
+        // (A: x[q] = hi, lo of the first two, hi, lo of the last two; B: word q's bytes 0-1, 2-3)
+        mma_16816(d0, in.x[0].x, in.x[0].y, in.x[0].z, in.x[0].w, int8x2_to_half2(in.w.x, 0), int8x2_to_half2(in.w.x, 1));
+        mma_16816(d1, in.x[1].x, in.x[1].y, in.x[1].z, in.x[1].w, int8x2_to_half2(in.w.y, 0), int8x2_to_half2(in.w.y, 1));
+        mma_16816(d0, in.x[2].x, in.x[2].y, in.x[2].z, in.x[2].w, int8x2_to_half2(in.w.z, 0), int8x2_to_half2(in.w.z, 1));
+        mma_16816(d1, in.x[3].x, in.x[3].y, in.x[3].z, in.x[3].w, int8x2_to_half2(in.w.w, 0), int8x2_to_half2(in.w.w, 1));
+        const float step = s->xstep[j];   // D: [0], [1] hi's rows 2t, 2t + 1; [2], [3] lo's
+        group0 = fmaf(step, (d0[0] + d1[0]) + (d0[2] + d1[2]), group0), group1 = fmaf(step, (d0[1] + d1[1]) + (d0[3] + d1[3]), group1);
+        if (++in_group == group_steps || j == steps - 1) {
+            sum0 = fmaf(scale0[gi], group0, sum0), sum1 = fmaf(scale1[gi], group1, sum1);
+            group0 = group1 = 0.0f, in_group = 0, gi++;
+        }
+    };
+    Step a = {}, b = {};   // (A's rows other than 0 and 8 stay 0: lanes 4-31's x)
+    for (int j = 0; j < steps; j += 2) {   // two steps' loads asked for before either's arithmetic
+        const bool two = j + 1 < steps;
+        wait_for(j);
+        if (two) wait_for(j + 1);
+        load(j, a), load(two ? j + 1 : j, b);
+        multiply(j, a);
+        if (two) multiply(j + 1, b);
+    }
+    const int r = lane / 4;   // row r is lane r / 2's sum0 (r even) or sum1
+    const float even = __shfl_sync(~0u, sum0, r >> 1), odd = __shfl_sync(~0u, sum1, r >> 1);
+    return r < n ? ((r & 1) ? odd : even) : 0.0f;
+}
+
+// The norm's inverse RMS of the hop's x (every step waited for).
+__device__ __forceinline__ float cs_halves_inv_rms(const CsSmem *s, int K, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < (K + kCsStep - 1) / kCsStep; j++) ss += s->xss[j];
+    return inv_rms_of(ss, K, eps);
+}
+#endif
+
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
@@ -551,11 +692,22 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
+#ifndef CS_MMA_ROWS
     CsLaneX lx;
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
     if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);
+#else
+    const int warp = threadIdx.x / 32;
+    const unsigned phases = s->xphase[warp];
+    int ready = 0;          // the steps of x this warp has waited for
+    float inv_rms = 1.0f;   // (with a norm: once every step is in, after the warp's first batch)
+    cs_stage_halves(s, x, gamma, h.K);
+    ring.tick(2);
+    __syncwarp();
+    if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
+#endif
     ring.stamp_mark();
     ring.tick(3);
     bool first = true;
@@ -566,12 +718,21 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (first) ring.tick(4);
+#ifndef CS_MMA_ROWS
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (first) ring.tick(5);
+#else
+            const float sum = cs_rows8_mma(s, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, h.group_chunks / 4, &ready, phases);
+            if (first) ring.tick(5), inv_rms = h.gamma ? cs_halves_inv_rms(s, h.K, p.eps) : 1.0f;   // (no norm: 1)
+#endif
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
+#ifndef CS_MMA_ROWS
             float v = cs_sum8(acc) * inv_rms;
+#else
+            float v = sum * inv_rms;
+#endif
             if (first) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
@@ -587,6 +748,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         __syncwarp();
         if (kCsAllRelease || lane == 0) ring.release(piece);
     }
+#ifdef CS_MMA_ROWS
+    __syncwarp();
+    if (lane == 0) s->xphase[warp] = phases ^ ((1u << (h.K + kCsStep - 1) / kCsStep) - 1);   // each step's barrier used once
+#endif
     return piece;
 }
 
@@ -638,6 +803,7 @@ __device__ __forceinline__ float cs_exp_sum(float *scores, int n, float m, float
     return sum;
 }
 
+#ifndef CS_WARP_ATTN
 // The attention of the block's heads at the step's position P: q, k and v of the step in x (q,
 // then k, then v), the earlier rows of the head's kv head from the ring (kp pieces of its key
 // rows, then kp of its value rows). Returns the pieces it took.
@@ -722,6 +888,154 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     }
     return 2 * kp * nth;
 }
+#else
+// CS_WARP_ATTN (a measurement build, written, not yet run): the attention in warp slices. The
+// positions [0, P] are dealt in contiguous slices to the 8 warps; each warp takes its slice's
+// scores, their maximum and the exponentials' sum by shuffles (no barrier), then its part of the
+// weighted sum of the value rows (a lane a pair of dimensions, every position of the slice); after
+// one barrier, a thread a (block, 4 dimensions) combines the warps' parts as flash-decoding
+// combines its splits and sends them by one st.async (NOTES 116).
+constexpr int kCsPartStride = kCsMaxHead + 4;   // a warp's part: hs sums, its maximum, its sum (16-byte rows)
+static_assert(kCsScratchBytes >= sizeof(float) * kCsWarps * kCsPartStride && kCsScratchAt % 16 == 0,
+              "the warps' parts fit, aligned, where a linear hop stages x");
+
+// 4 elements of a key or value row as floats (FP16: 8 bytes, FP32: 16; k 4-element aligned).
+__device__ __forceinline__ float4 cs_load4(const __half *k) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(k);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 cs_load4(const float *k) { return *reinterpret_cast<const float4 *>(k); }
+__device__ __forceinline__ float2 cs_load2(const __half *v) { return __half22float2(*reinterpret_cast<const __half2 *>(v)); }
+__device__ __forceinline__ float2 cs_load2(const float *v) { return *reinterpret_cast<const float2 *>(v); }
+
+// q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from a unit of its
+// own on: a warp's lanes take consecutive rows, and a wavefront's rows start in different banks
+// (as cs_first_word, with the units a wavefront of 128 bytes holds). Two sums, so that the loads
+// of the unrolled loops run ahead of one chain of adds.
+template <typename KV>
+__device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs, int row) {
+    constexpr int kBanks = 128 / (4 * (int)sizeof(KV));
+    const int n = hs / 4, low = n & -n, first = row / (low >= kBanks ? 1 : kBanks / low) % n;
+    float a = 0.0f, b = 0.0f;
+    auto unit = [&](int u) {
+        const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
+        a = fmaf(qv.x, kv.x, a), b = fmaf(qv.y, kv.y, b), a = fmaf(qv.z, kv.z, a), b = fmaf(qv.w, kv.w, b);
+    };
+#pragma unroll 4
+    for (int u = first; u < n; u++) unit(u);
+#pragma unroll 4
+    for (int u = 0; u < first; u++) unit(u);
+    return a + b;
+}
+
+// The attention of the block's heads at the step's position P, in warp slices (see above): q, k
+// and v of the step in x, the earlier rows of the head's kv head from the ring (kp pieces of its
+// key rows, then kp of its value rows). Returns the pieces it took.
+template <typename KV>
+__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = (P + p.per - 1) / p.per;
+    const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1), t1 = min(t0 + slice, P + 1);   // the warp's [t0, t1)
+    float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
+    const uint32_t dst_at = cs_saddr(dst);
+    const float scale = 1.0f / sqrtf((float)p.hs);
+    int nth = 0;
+    for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
+        const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
+        const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
+        for (int i = 0; i < kp; i++) ring.wait(base + i);
+        if (nth == 0) ring.tick(1);
+        // the slice's scores: a lane a position (the step's own from x, as the cache holds it)
+        float m = -INFINITY;
+        for (int t = t0 + lane; t < t1; t += 32) {
+            float sc = 0.0f;
+            if (t < P) {
+                const int piece = t / p.per, row = t - piece * p.per;
+                sc = cs_dot_key4(q, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs, p.hs, row);
+            } else {   // the step's own key, as the cache holds it (FP16: rounded; as the form above)
+                const float *k = x + p.q_dim + kvh * p.hs;
+                for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
+            }
+            sc *= scale;
+            s->scores[t] = sc;
+            m = fmaxf(m, sc);
+        }
+        if (nth == 0) ring.tick(2);
+        m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
+        if (nth == 0) ring.tick(3);
+        __syncwarp();
+        if (kCsAllRelease || lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + i);
+        float sum = 0.0f;
+        for (int t = t0 + lane; t < t1; t += 32) {
+            const float e = expf(s->scores[t] - m);
+            s->scores[t] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        __syncwarp();   // the slice's exponentials, to every lane of the warp
+        ring.stamp_mark();
+        if (nth == 0) ring.tick(4);
+        for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
+        if (nth == 0) ring.tick(5);
+        // the slice's weighted sum of the value rows, in runs of consecutive rows of a piece
+        float2 o[kCsMaxHead / 64] = {};
+        for (int t = t0, end = min(t1, P); t < end;) {
+            const int piece = t / p.per, row = t - piece * p.per, run = min(end - t, p.per - row);
+            const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
+            const float *e = s->scores + t;
+#pragma unroll 4
+            for (int r = 0; r < run; r++, v += p.hs) {
+                const float w = e[r];
+#pragma unroll
+                for (int j = 0; j < kCsMaxHead / 64; j++)
+                    if (2 * (lane + 32 * j) < p.hs) {
+                        const float2 vv = cs_load2(v + 2 * (lane + 32 * j));
+                        o[j].x = fmaf(w, vv.x, o[j].x), o[j].y = fmaf(w, vv.y, o[j].y);
+                    }
+            }
+            t += run;
+        }
+        const float e_own = t0 < t1 && t1 == P + 1 ? s->scores[P] : 0.0f;   // (the slice that holds P)
+#pragma unroll
+        for (int j = 0; j < kCsMaxHead / 64; j++) {
+            const int d = 2 * (lane + 32 * j);
+            if (d >= p.hs) continue;
+            o[j].x = fmaf(e_own, (float)(KV)own_v[d], o[j].x), o[j].y = fmaf(e_own, (float)(KV)own_v[d + 1], o[j].y);
+            *reinterpret_cast<float2 *>(&part[warp][d]) = o[j];
+        }
+        if (lane == 0) part[warp][kCsMaxHead] = m, part[warp][kCsMaxHead + 1] = sum;
+        __syncwarp();
+        if (kCsAllRelease || lane == 0)
+            for (int i = 0; i < kp; i++) ring.release(base + kp + i);
+        cs_consumers_sync();
+        if (nth == 0) ring.tick(6);
+        // the warps' parts combined, 4 dimensions for one block a thread
+        float f[kCsWarps], mx = -INFINITY, den = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kCsWarps; w++) mx = fmaxf(mx, part[w][kCsMaxHead]);
+#pragma unroll
+        for (int w = 0; w < kCsWarps; w++) f[w] = expf(part[w][kCsMaxHead] - mx), den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
+        const float inv = 1.0f / den;
+        const int quads = p.hs / 4;
+        for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
+            const int to = t / quads, d = 4 * (t - to * quads);
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < kCsWarps; w++) {
+                const float4 pw = *reinterpret_cast<const float4 *>(&part[w][d]);
+                a.x = fmaf(f[w], pw.x, a.x), a.y = fmaf(f[w], pw.y, a.y), a.z = fmaf(f[w], pw.z, a.z), a.w = fmaf(f[w], pw.w, a.w);
+            }
+            cs_send4(dst_at + 4 * (head * p.hs + d), bar_at, to, a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+        }
+        if (nth == 0) ring.tick(7);
+        // scores and parts free for the next head (after the last, the next hop's first barrier
+        // comes before any write of them or of x's staging)
+        if (head + p.cluster < p.n_heads) cs_consumers_sync();
+    }
+    return 2 * kp * nth;
+}
+#endif
 
 // The step's position and token (after the kernels before have finished), its embedding row into
 // the residual stream, the step's RoPE angles (sincosf(pos * freq), as the per-matrix path's).
@@ -799,6 +1113,10 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     if (threadIdx.x == 0) {
         for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
+#ifdef CS_MMA_ROWS
+        for (int j = 0; j < kCsMaxX / kCsStep; j++) mbar_init(cs_saddr(&s->xready[j]), 16);
+        for (int w = 0; w < kCsWarps; w++) s->xphase[w] = 0;
+#endif
         mbar_init_fence();
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
@@ -1025,9 +1343,14 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
         wo->rows != dim || w2->cols != hidden || w2->rows != dim || (biases && !(qkv.qkv.bias[0] && qkv.qkv.bias[1] && qkv.qkv.bias[2])) ||
         st[n - 1].linear.w[0]->cols != dim || st[0].embedding->cols != dim || (!st[0].embedding->q && !st[0].embedding->f))
         return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
-    for (int i = 0; i < n - 2; i++)
+    for (int i = 0; i < n - 2; i++) {
         if (hops[i].kind != CS_ATTN && hops[i].rows_per_piece < 8)
             return snprintf(why, ERR_LEN, "a row of %d columns is past its slots' %d bytes / 8", hops[i].K, kCsSlotBytes), false;
+#ifdef CS_MMA_ROWS
+        if (hops[i].kind != CS_ATTN && hops[i].group_chunks % 4)
+            return snprintf(why, ERR_LEN, "groups of %d weights (its tensor-core rows take multiples of 64)", 16 * hops[i].group_chunks), false;
+#endif
+    }
     return true;
 }
 

@@ -1,0 +1,66 @@
+#!/bin/sh
+# The cluster step's measurement builds (cuda/cluster_step.cuh's CS_... options) against the
+# tree's build, all in one run on the GPU machine:
+#   1. every variant built side by side, and its --cluster-step decode rate on bench.sh's synthetic
+#      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1);
+#   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches) against the
+#      per-matrix path's (--no-megakernel) of the tree's build;
+#   3. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over each variant's short
+#      generation with --cluster-step, JOBS (default 6) runs side by side, each at most TIMEOUT
+#      seconds (default 240).
+# Ends with "N passed, N failed, 0 skipped" over steps 2 and 3.
+# Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
+#   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
+set -eu
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { echo "usage: sh bench/cluster_ab.sh \"-DCS_...\" ..." >&2; exit 2; }
+ROWS=${ROWS:-stories15m smollm2} FLAGS=${FLAGS:--t 0 --cluster-step} sh bench/tune.sh "" "$@"
+make -s models/stories260K_q8.bin
+tune=bench/out/tune m=models/stories260K_q8.bin T=models/tok512.bin
+CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+pass=0 fail=0
+verdict() {   # what, status (0: passed)
+    if [ "$2" -eq 0 ]; then echo "PASS $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
+}
+text() {   # variant, cache flag: its --cluster-step text equals the per-matrix path's
+    "$tune/1/run" $m -z $T -n 200 -t 0 --no-megakernel $2 > "$tune/ref.txt" 2> /dev/null &&
+        "$tune/$1/run" $m -z $T -n 200 -t 0 --cluster-step $2 > "$tune/cs.txt" 2> "$tune/cs.err" &&
+        grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$tune/ref.txt" "$tune/cs.txt"
+}
+sanitize() {   # variant, tool: its log in $tune/san_<variant>_<tool>.log, its status in .rc
+    extra=; [ "$2" = synccheck ] && extra="--num-cuda-barriers 64"
+    rc=0
+    timeout "${TIMEOUT:-240}" "$CS" --tool "$2" $extra --error-exitcode 9 "$tune/$1/run" $m -z $T -n 6 -t 0 --cluster-step \
+        > "$tune/san_$1_$2.log" 2>&1 < /dev/null || rc=$?
+    if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$tune/san_$1_$2.log"; then rc=8; fi
+    echo $rc > "$tune/san_$1_$2.rc"
+}
+n=0
+for defs in "" "$@"; do
+    n=$((n + 1))
+    for kv in "" --kv-fp32; do
+        st=0; text $n "$kv" || st=1
+        verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
+    done
+done
+jobs=0 n=0
+for defs in "" "$@"; do
+    n=$((n + 1))
+    for tool in ${TOOLS:-racecheck memcheck synccheck}; do
+        sanitize $n $tool &
+        jobs=$((jobs + 1))
+        [ $((jobs % ${JOBS:-6})) -eq 0 ] && wait
+    done
+done
+wait
+n=0
+for defs in "" "$@"; do
+    n=$((n + 1))
+    for tool in ${TOOLS:-racecheck memcheck synccheck}; do
+        rc=$(cat "$tune/san_${n}_$tool.rc")
+        verdict "variant $n (${defs:-as it is}) $tool$([ "$rc" = 124 ] && echo ", timed out")" "$rc"
+        [ "$rc" -eq 0 ] || grep -E "^=========" "$tune/san_${n}_$tool.log" | head -6
+    done
+done
+echo "$pass passed, $fail failed, 0 skipped"
+[ $fail -eq 0 ]
