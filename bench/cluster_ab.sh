@@ -5,10 +5,13 @@
 #      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1);
 #   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches) against the
 #      per-matrix path's (--no-megakernel) of the tree's build;
-#   3. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over each variant's short
-#      generation with --cluster-step, JOBS (default 6) runs side by side, each at most TIMEOUT
-#      seconds (default 240).
-# Ends with "N passed, N failed, 0 skipped" over steps 2 and 3.
+#   3. with TRACE="N ..." (variant numbers): those variants built again with CS_TRACE, and the
+#      cluster step's trace of one step (each kind of hop's phases, each warp's ticks) on the same
+#      two synthetic models;
+#   4. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over the short generation
+#      with --cluster-step of each variant in SANITIZE (variant numbers; unset: all, empty: none),
+#      JOBS (default 6) runs side by side, each at most TIMEOUT seconds (default 240).
+# Ends with "N passed, N failed, 0 skipped" over steps 2 and 4.
 # Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
 set -eu
@@ -43,9 +46,31 @@ for defs in "" "$@"; do
         verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
     done
 done
-jobs=0 n=0
-for defs in "" "$@"; do
-    n=$((n + 1))
+defs_of() {   # variant number: its -D options
+    i=0
+    for d in "" "$@"; do
+        i=$((i + 1))
+        [ $i -eq "$n" ] && { echo "$d"; return; }
+    done
+}
+if [ -n "${TRACE:-}" ]; then
+    out=bench/out
+    . bench/lib.sh   # synth
+    for n in $TRACE; do
+        make -s tune-variant TUNE_DIR="$tune/trace$n" TUNE_DEFS="$(defs_of "$@") -DCS_TRACE" > "$tune/trace$n.log" 2>&1 &
+    done
+    wait
+    for n in $TRACE; do
+        for model in stories15m smollm2-135m; do
+            echo "trace of variant $n ($(defs_of "$@")), $model:"
+            "$tune/trace$n/run" "$(synth $model)" -z tokenizer.bin -p "Once upon a time" -n 200 -t 0 --cluster-step 2>&1 > /dev/null |
+                grep "cluster step" || { echo "(no trace)"; cat "$tune/trace$n.log"; }
+        done
+    done
+fi
+sanitized=${SANITIZE-$(seq $(($# + 1)))}
+jobs=0
+for n in $sanitized; do
     for tool in ${TOOLS:-racecheck memcheck synccheck}; do
         sanitize $n $tool &
         jobs=$((jobs + 1))
@@ -53,9 +78,8 @@ for defs in "" "$@"; do
     done
 done
 wait
-n=0
-for defs in "" "$@"; do
-    n=$((n + 1))
+for n in $sanitized; do
+    defs=$(defs_of "$@")
     for tool in ${TOOLS:-racecheck memcheck synccheck}; do
         rc=$(cat "$tune/san_${n}_$tool.rc")
         verdict "variant $n (${defs:-as it is}) $tool$([ "$rc" = 124 ] && echo ", timed out")" "$rc"
