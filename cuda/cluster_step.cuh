@@ -35,6 +35,14 @@ constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsum
 #ifndef CS_MAX_CLUSTER
 #define CS_MAX_CLUSTER 16
 #endif
+// CS_MMA_ROWS, CS_IMMA_ROWS (measurement builds, one at most): a linear hop's rows on the tensor
+// cores, x staged a 64-column step at a time (cs_stage_steps, cs_rows8_steps below).
+#if defined(CS_MMA_ROWS) && defined(CS_IMMA_ROWS)
+#error "CS_MMA_ROWS and CS_IMMA_ROWS are two forms of one step: build one"
+#endif
+#if defined(CS_MMA_ROWS) || defined(CS_IMMA_ROWS)
+#define CS_STEP_ROWS
+#endif
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
@@ -86,11 +94,11 @@ struct CsSmem {
     unsigned char ring[kCsSlots][kCsSlotBytes];
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
-#ifndef CS_MMA_ROWS
+#ifndef CS_STEP_ROWS
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
-#else   // x in FP16 halves for the tensor cores (4 columns: hi 0-1, lo 0-1, hi 2-3, lo 2-3), a scale
-        // and a sum of squares a 64-column step
+#else   // x staged for the tensor cores (16 bytes a 4 columns' worth), a scale and a sum of squares a
+        // 64-column step
     uint4 xq[kCsMaxX / 4];
     float xstep[kCsMaxX / 64], xss[kCsMaxX / 64];
 #endif
@@ -103,15 +111,15 @@ struct CsSmem {
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
-#ifdef CS_MMA_ROWS
+#ifdef CS_STEP_ROWS
     unsigned long long xready[kCsMaxX / 64];   // a step of x staged: its 16 lanes' arrivals
     unsigned xphase[kCsWarps];                 // a warp's next parity of each step's xready (bit j)
 #endif
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
-// Where a linear hop stages x (its digits, or its halves), free during the attention, which keeps
+// Where a linear hop stages x (its digits, or its steps), free during the attention, which keeps
 // its warps' parts there (CS_WARP_ATTN).
-#ifndef CS_MMA_ROWS
+#ifndef CS_STEP_ROWS
 constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = sizeof(CsSmem::digits);
 #else
 constexpr size_t kCsScratchAt = offsetof(CsSmem, xq), kCsScratchBytes = sizeof(CsSmem::xq);
@@ -557,21 +565,25 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
-#ifdef CS_MMA_ROWS
-// CS_MMA_ROWS (a measurement build, written, not yet run): a linear hop's rows on the tensor cores,
-// x staged without a barrier of all the consumers (NOTES 116).
-//   Staging: each 64-column step of x (times gamma) is scaled by a power of 2 that puts its largest
-//   element in [2^14, 2^15) and split into two FP16 halves, hi = fp16(x) and lo = fp16(x - hi):
-//   hi + lo is within about 2^-22 of x (the digits hold x to about 1e-7 of its group's largest).
-//   The 16 lanes of a half-warp take a step (4 columns each), the warps' halves taking the steps
-//   in turn, and each lane arrives on the step's barrier once it has stored its part. A reader
-//   waits for each step it reads, in order: the first rows start as soon as the first step is in.
-//   Rows: mma.sync m16n8k16 with x as A (row 0 hi, row 8 lo, the rest 0) and a batch's 8 rows of
-//   weights as B (int8 to FP16 exactly, as q8_mma_kernel): lane (g, t) loads bytes [16t, 16t + 16)
-//   of row g's step, k permuted as in q8_mma_kernel, and lanes 0-3 x's halves of the same columns,
-//   4 columns' a load, which is one mma's A fragment as it lies. D's rows 0 (hi) and 8 (lo), in
-//   lanes 0-3, hold the 8 rows' sums: each step's times its scale, each group's times the rows'
-//   group scales (groups of a multiple of 64 columns).
+#ifdef CS_STEP_ROWS
+// CS_MMA_ROWS and CS_IMMA_ROWS (measurement builds, written, not yet run): a linear hop's rows on
+// the tensor cores, x staged without a barrier of all the consumers (NOTES 116).
+//   Staging: each 64-column step of x (times gamma) is scaled by a power of 2 e of its own (from its
+//   largest element) and written in the MMA's operand form; the 16 lanes of a half-warp take a
+//   step (4 columns each), the warps' halves taking the steps in turn, and each lane arrives on
+//   the step's barrier once it has stored its part. A reader waits for each step it reads, in
+//   order: the first rows start as soon as the first step is in.
+//   Rows: mma.sync with x as A (a few rows, the rest 0) and a batch's 8 rows of weights as B: lane
+//   (g, t) loads bytes [16t, 16t + 16) of row g's step (k permuted, A and B alike, as
+//   q8_mma_kernel does), and lanes 0-7 x's operand for the same columns, 16 bytes a load, each one
+//   MMA's A fragment as it lies. D's rows hold the 8 rows' sums: each step's times its 2^-e, each
+//   group's times the rows' group scales (groups of a multiple of 64 columns).
+//   CS_MMA_ROWS: x as FP16 halves hi = fp16(x), lo = fp16(x - hi) (the step's largest in [2^14,
+//   2^15); hi + lo within about 2^-22 of x) in A's rows 0 and 8; the weights converted to FP16
+//   exactly (m16n8k16). CS_IMMA_ROWS: x as three int8 digits, x ~ d0 + d1 / 254 + d2 / 254^2 (the
+//   step's largest in [32, 64), |d0| <= 64: x to about 2.4e-7 of it, as the digits of 128 are) in
+//   A's rows 0 (d0), 8 (d1) and 1 and 9 (d2, twice); the weights as they are (m16n8k32, exact in
+//   int32).
 constexpr int kCsStep = 64;
 
 __device__ __forceinline__ uint4 cs_lds128(uint32_t a) {
@@ -580,86 +592,153 @@ __device__ __forceinline__ uint4 cs_lds128(uint32_t a) {
     return v;
 }
 
-// Stages x (K elements, times gamma where given) as its halves, the steps' scales (2^-e) and their
-// sums of squares of x (for the norm), each step's barrier completed by its 16 lanes.
-__device__ void cs_stage_halves(CsSmem *s, const float *x, const float *gamma, int K) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16, hl = lane % 16;
+// The steps' common part of staging: lane hl of the half-warp's 4 columns of step j (x times
+// gamma, 0 past K) into v, the step's largest |v| and sum of squares of x (for the norm) to all 16.
+struct CsStepIn {
+    float v[4], m, ss;
+};
+__device__ __forceinline__ CsStepIn cs_step_in(const float *x, const float *gamma, int K, int j, unsigned mask) {
+    const int k = kCsStep * j + 4 * (threadIdx.x % 16);   // (x's buffers and the ring's slot hold these 4 past K: masked)
+    const float4 xv = *reinterpret_cast<const float4 *>(x + k);
+    const float4 gv = gamma ? *reinterpret_cast<const float4 *>(gamma + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    const float raw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+    CsStepIn in;
+    in.m = 0.0f, in.ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float xq = k + q < K ? raw[q] : 0.0f;
+        in.v[q] = k + q < K ? xq * gw[q] : 0.0f;
+        in.m = fmaxf(in.m, fabsf(in.v[q]));
+        in.ss += xq * xq;
+    }
+#pragma unroll
+    for (int o = 8; o; o >>= 1) in.m = fmaxf(in.m, __shfl_xor_sync(mask, in.m, o)), in.ss += __shfl_xor_sync(mask, in.ss, o);
+    return in;
+}
+// e such that m * 2^e lies in [2^top, 2^(top + 1)) (m's biased exponent b: 2^(b - 127) <= m), kept
+// where 2^e and 2^-e are normal; 0 for m = 0.
+__device__ __forceinline__ int cs_step_exponent(float m, int top) {
+    return m > 0.0f ? min(max(top + 127 - (int)((__float_as_uint(m) >> 23) & 0xff), -126), 126) : 0;
+}
+__device__ __forceinline__ float cs_pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+#ifdef CS_MMA_ROWS
+// x's step j as FP16 halves: 4 columns a 16-byte word (hi of the first two, their lo, hi of the
+// last two, their lo: mma q's A fragment, rows 0 and 8).
+__device__ __forceinline__ void cs_stage_step(CsSmem *s, const CsStepIn &in, int j) {
+    const int e = cs_step_exponent(in.m, 14);
+    const float up = cs_pow2(e);
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const float a = in.v[2 * q] * up, b = in.v[2 * q + 1] * up;
+        const __half2 hi = __floats2half2_rn(a, b);
+        const float2 back = __half22float2(hi);
+        const __half2 lo = __floats2half2_rn(a - back.x, b - back.y);
+        w[2 * q] = *reinterpret_cast<const uint32_t *>(&hi), w[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&lo);
+    }
+    s->xq[(kCsStep * j) / 4 + threadIdx.x % 16] = make_uint4(w[0], w[1], w[2], w[3]);
+    if (threadIdx.x % 16 == 0) s->xstep[j] = cs_pow2(-e);
+}
+#else
+// x's step j as three int8 digits. Lane hl's 4 columns are c .. c + 3, c = 16t + 8i + 4h (t = hl /
+// 4, i = hl / 2 % 2, h = hl % 2); the step's words 2t + i (d0 and d1 of c' .. c' + 3, then of
+// c' + 4 .. c' + 7, c' = 16t + 8i: mma i's A fragment for lanes 0-3, rows 0 and 8) and 8 + 2t + i
+// (d2 twice, then d2 of the next 4 twice: for lanes 4-7, rows 1 and 9) take its part at h.
+__device__ __forceinline__ void cs_stage_step(CsSmem *s, const CsStepIn &in, int j) {
+    const int hl = threadIdx.x % 16, t = hl / 4, i = hl / 2 % 2, h = hl % 2;
+    const int e = cs_step_exponent(in.m, 5);
+    const float up = cs_pow2(e);
+    uint32_t d[3] = {0, 0, 0};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float r = in.v[q] * up;   // |r| < 64
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            const float dq = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
+            d[pl] |= (uint32_t)((int)dq & 0xff) << (8 * q);
+            r = (r - dq) * 254.0f;
+        }
+    }
+    uint32_t *words = reinterpret_cast<uint32_t *>(s->xq + kCsStep / 4 * j);
+    *reinterpret_cast<uint2 *>(words + 4 * (2 * t + i) + 2 * h) = make_uint2(d[0], d[1]);
+    *reinterpret_cast<uint2 *>(words + 4 * (8 + 2 * t + i) + 2 * h) = make_uint2(d[2], d[2]);
+    if (hl == 0) s->xstep[j] = cs_pow2(-e);
+}
+#endif
+
+// Stages x (K elements, times gamma where given) a step at a time, with the steps' scales (2^-e)
+// and sums of squares of x (for the norm), each step's barrier completed by its 16 lanes.
+__device__ void cs_stage_steps(CsSmem *s, const float *x, const float *gamma, int K) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16;
     const unsigned mask = 0xffffu << (16 * half);
-    const int steps = (K + kCsStep - 1) / kCsStep;
-    for (int j = warp + kCsWarps * half; j < steps; j += 2 * kCsWarps) {
-        const int k = kCsStep * j + 4 * hl;   // (x's buffers and the ring's slot hold these 4 past K: masked)
-        const float4 xv = *reinterpret_cast<const float4 *>(x + k);
-        const float4 gv = gamma ? *reinterpret_cast<const float4 *>(gamma + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        const float raw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
-        float v[4], m = 0.0f, ss = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float xq = k + q < K ? raw[q] : 0.0f;
-            v[q] = k + q < K ? xq * gw[q] : 0.0f;
-            m = fmaxf(m, fabsf(v[q]));
-            ss += xq * xq;
-        }
-#pragma unroll
-        for (int o = 8; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(mask, m, o)), ss += __shfl_xor_sync(mask, ss, o);
-        // e: m * 2^e in [2^14, 2^15) (m's biased exponent b: 2^(b - 127) <= m), kept where 2^e and 2^-e are normal
-        const int e = m > 0.0f ? min(max(141 - (int)((__float_as_uint(m) >> 23) & 0xff), -126), 126) : 0;
-        const float up = __int_as_float((127 + e) << 23);
-        uint32_t w[4];   // hi of columns k, k + 1; their lo; hi of k + 2, k + 3; their lo
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-            const float a = v[2 * q] * up, b = v[2 * q + 1] * up;
-            const __half2 hi = __floats2half2_rn(a, b);
-            const float2 back = __half22float2(hi);
-            const __half2 lo = __floats2half2_rn(a - back.x, b - back.y);
-            w[2 * q] = *reinterpret_cast<const uint32_t *>(&hi), w[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&lo);
-        }
-        s->xq[k / 4] = make_uint4(w[0], w[1], w[2], w[3]);
-        if (hl == 0) s->xstep[j] = __int_as_float((127 - e) << 23), s->xss[j] = ss;
+    for (int j = warp + kCsWarps * half; j < (K + kCsStep - 1) / kCsStep; j += 2 * kCsWarps) {
+        const CsStepIn in = cs_step_in(x, gamma, K, j, mask);
+        cs_stage_step(s, in, j);
+        if (lane % 16 == 0) s->xss[j] = in.ss;
         mbar_arrive(cs_saddr(&s->xready[j]));   // (with release: this lane's stores)
     }
 }
 
-// The warp's 8 rows (n of them rows, records rec bytes apart from first) times x's halves: on return
+// The warp's 8 rows (n of them rows, records rec bytes apart from first) times x's steps: on return
 // lanes 4r..4r+3 hold row r's sum before the norm (0 past n), as cs_sum8's. Steps from *ready on are
 // waited for first (phases: the parity of each step's barrier for this hop); group_steps: the
 // weights' group size / 64.
-__device__ __forceinline__ float cs_rows8_mma(const CsSmem *s, const unsigned char *first, int rec, int n, int K, int group_steps,
-                                              int *ready, unsigned phases) {
+__device__ __forceinline__ float cs_rows8_steps(const CsSmem *s, const unsigned char *first, int rec, int n, int K, int group_steps,
+                                                int *ready, unsigned phases) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = (K + kCsStep - 1) / kCsStep;
     const int chunks = (K + 15) / 16, scales_at = (K + 15) & ~15;
     const unsigned char *row = first + (size_t)min(g, n - 1) * rec;   // B's column g: this lane's weights
     const float *scale0 = reinterpret_cast<const float *>(first + (size_t)min(2 * t, n - 1) * rec + scales_at);
     const float *scale1 = reinterpret_cast<const float *>(first + (size_t)min(2 * t + 1, n - 1) * rec + scales_at);
-    float sum0 = 0.0f, sum1 = 0.0f, group0 = 0.0f, group1 = 0.0f;   // rows 2t and 2t + 1 (lanes 0-3)
+    float sum0 = 0.0f, sum1 = 0.0f, group0 = 0.0f, group1 = 0.0f;   // this lane's part of rows 2t and 2t + 1
     int gi = 0, in_group = 0;                                        // the step's group, its steps before it
+#ifdef CS_MMA_ROWS
+    constexpr int kFrags = 4;   // A fragments a step (mma q: the lane's columns 4q .. 4q + 3 of the step)
+    const int frag0 = 4 * t;    // lanes 0-3 (the others' fragments stay 0)
+#else
+    constexpr int kFrags = 2;                       // mma i: the lane's columns 8i .. 8i + 7 of the step
+    const int frag0 = 2 * t + (lane >= 4 ? 8 : 0);  // lanes 0-3 d0, d1; lanes 4-7 d2 (the others' stay 0)
+    const float f0 = lane < 4 ? 1.0f : 1.0f / (254.0f * 254.0f), f2 = lane < 4 ? 1.0f / 254.0f : 0.0f;   // D[0], D[2]'s weights
+#endif
     struct Step {
-        uint4 w, x[4];   // x[q]: mma q's A fragment (lanes 0-3; 0 in the others)
+        uint4 w, x[kFrags];
     };
     auto wait_for = [&](int j) {
         if (j >= *ready) cs_wait(cs_saddr(&s->xready[j]), (phases >> j) & 1, CS_AT_HOP, -1 - j), *ready = j + 1;
     };
     auto load = [&](int j, Step &in) {   // (volatile: issued here, not sunk to where a second step is used)
         in.w = cs_lds128(cs_saddr(row + 16 * min(4 * j + t, chunks - 1)));   // (past K: times 0)
-        if (lane < 4)
+        if (lane < (kFrags == 4 ? 4 : 8))
 #pragma unroll
-            for (int q = 0; q < 4; q++) in.x[q] = cs_lds128(cs_saddr(&s->xq[(kCsStep * j + 16 * t) / 4 + q]));
+            for (int q = 0; q < kFrags; q++) in.x[q] = cs_lds128(cs_saddr(&s->xq[kCsStep / 4 * j + frag0 + q]));
     };
     auto multiply = [&](int j, const Step &in) {
+        const float step = s->xstep[j];
+#ifdef CS_MMA_ROWS
+        // mma q: k = 2t, 2t + 1 and 2t + 8, 2t + 9 are the lane's columns 4q .. 4q + 3 (B: word q's
+        // bytes 0-1, 2-3); D: [0], [1] hi's rows 2t, 2t + 1, [2], [3] lo's
         float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        // mma q: k = 2t, 2t + 1 and 2t + 8, 2t + 9 are the lane's columns 4q .. 4q + 3 of the step
-        // (A: x[q] = hi, lo of the first two, hi, lo of the last two; B: word q's bytes 0-1, 2-3)
         mma_16816(d0, in.x[0].x, in.x[0].y, in.x[0].z, in.x[0].w, int8x2_to_half2(in.w.x, 0), int8x2_to_half2(in.w.x, 1));
         mma_16816(d1, in.x[1].x, in.x[1].y, in.x[1].z, in.x[1].w, int8x2_to_half2(in.w.y, 0), int8x2_to_half2(in.w.y, 1));
         mma_16816(d0, in.x[2].x, in.x[2].y, in.x[2].z, in.x[2].w, int8x2_to_half2(in.w.z, 0), int8x2_to_half2(in.w.z, 1));
         mma_16816(d1, in.x[3].x, in.x[3].y, in.x[3].z, in.x[3].w, int8x2_to_half2(in.w.w, 0), int8x2_to_half2(in.w.w, 1));
-        const float step = s->xstep[j];   // D: [0], [1] hi's rows 2t, 2t + 1; [2], [3] lo's
         group0 = fmaf(step, (d0[0] + d1[0]) + (d0[2] + d1[2]), group0), group1 = fmaf(step, (d0[1] + d1[1]) + (d0[3] + d1[3]), group1);
+#else
+        // mma i: k = 4t .. 4t + 3 and 4t + 16 .. 4t + 19 are the lane's columns 8i .. 8i + 7 (B: words
+        // 2i, 2i + 1); D: [0], [1] rows 2t, 2t + 1 of d0 (lanes 0-3) or d2 (4-7), [2], [3] of d1 (0-3)
+        int d[4] = {0, 0, 0, 0};
+        mk_imma(d, in.x[0], make_uint2(in.w.x, in.w.y));
+        mk_imma(d, in.x[1], make_uint2(in.w.z, in.w.w));
+        group0 = fmaf(step, fmaf((float)d[2], f2, (float)d[0] * f0), group0);
+        group1 = fmaf(step, fmaf((float)d[3], f2, (float)d[1] * f0), group1);
+#endif
         if (++in_group == group_steps || j == steps - 1) {
             sum0 = fmaf(scale0[gi], group0, sum0), sum1 = fmaf(scale1[gi], group1, sum1);
             group0 = group1 = 0.0f, in_group = 0, gi++;
         }
     };
-    Step a = {}, b = {};   // (A's rows other than 0 and 8 stay 0: lanes 4-31's x)
+    Step a = {}, b = {};
     for (int j = 0; j < steps; j += 2) {   // two steps' loads asked for before either's arithmetic
         const bool two = j + 1 < steps;
         wait_for(j);
@@ -668,13 +747,16 @@ __device__ __forceinline__ float cs_rows8_mma(const CsSmem *s, const unsigned ch
         multiply(j, a);
         if (two) multiply(j + 1, b);
     }
+#ifdef CS_IMMA_ROWS
+    sum0 += __shfl_xor_sync(~0u, sum0, 4), sum1 += __shfl_xor_sync(~0u, sum1, 4);   // d2's part from lanes 4-7
+#endif
     const int r = lane / 4;   // row r is lane r / 2's sum0 (r even) or sum1
     const float even = __shfl_sync(~0u, sum0, r >> 1), odd = __shfl_sync(~0u, sum1, r >> 1);
     return r < n ? ((r & 1) ? odd : even) : 0.0f;
 }
 
 // The norm's inverse RMS of the hop's x (every step waited for).
-__device__ __forceinline__ float cs_halves_inv_rms(const CsSmem *s, int K, float eps) {
+__device__ __forceinline__ float cs_steps_inv_rms(const CsSmem *s, int K, float eps) {
     float ss = 0.0f;
     for (int j = 0; j < (K + kCsStep - 1) / kCsStep; j++) ss += s->xss[j];
     return inv_rms_of(ss, K, eps);
@@ -692,7 +774,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-#ifndef CS_MMA_ROWS
+#ifndef CS_STEP_ROWS
     CsLaneX lx;
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
@@ -703,7 +785,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const unsigned phases = s->xphase[warp];
     int ready = 0;          // the steps of x this warp has waited for
     float inv_rms = 1.0f;   // (with a norm: once every step is in, after the warp's first batch)
-    cs_stage_halves(s, x, gamma, h.K);
+    cs_stage_steps(s, x, gamma, h.K);
     ring.tick(2);
     __syncwarp();
     if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
@@ -718,17 +800,17 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (first) ring.tick(4);
-#ifndef CS_MMA_ROWS
+#ifndef CS_STEP_ROWS
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (first) ring.tick(5);
 #else
-            const float sum = cs_rows8_mma(s, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, h.group_chunks / 4, &ready, phases);
-            if (first) ring.tick(5), inv_rms = h.gamma ? cs_halves_inv_rms(s, h.K, p.eps) : 1.0f;   // (no norm: 1)
+            const float sum = cs_rows8_steps(s, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, h.group_chunks / 4, &ready, phases);
+            if (first) ring.tick(5), inv_rms = h.gamma ? cs_steps_inv_rms(s, h.K, p.eps) : 1.0f;   // (no norm: 1)
 #endif
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
-#ifndef CS_MMA_ROWS
+#ifndef CS_STEP_ROWS
             float v = cs_sum8(acc) * inv_rms;
 #else
             float v = sum * inv_rms;
@@ -748,7 +830,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         __syncwarp();
         if (kCsAllRelease || lane == 0) ring.release(piece);
     }
-#ifdef CS_MMA_ROWS
+#ifdef CS_STEP_ROWS
     __syncwarp();
     if (lane == 0) s->xphase[warp] = phases ^ ((1u << (h.K + kCsStep - 1) / kCsStep) - 1);   // each step's barrier used once
 #endif
@@ -1113,7 +1195,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     if (threadIdx.x == 0) {
         for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
-#ifdef CS_MMA_ROWS
+#ifdef CS_STEP_ROWS
         for (int j = 0; j < kCsMaxX / kCsStep; j++) mbar_init(cs_saddr(&s->xready[j]), 16);
         for (int w = 0; w < kCsWarps; w++) s->xphase[w] = 0;
 #endif
@@ -1346,7 +1428,7 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
     for (int i = 0; i < n - 2; i++) {
         if (hops[i].kind != CS_ATTN && hops[i].rows_per_piece < 8)
             return snprintf(why, ERR_LEN, "a row of %d columns is past its slots' %d bytes / 8", hops[i].K, kCsSlotBytes), false;
-#ifdef CS_MMA_ROWS
+#ifdef CS_STEP_ROWS
         if (hops[i].kind != CS_ATTN && hops[i].group_chunks % 4)
             return snprintf(why, ERR_LEN, "groups of %d weights (its tensor-core rows take multiples of 64)", 16 * hops[i].group_chunks), false;
 #endif
