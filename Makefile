@@ -153,7 +153,11 @@ tune-variant: obj/run.o $(ENGINE_OBJ)
 	@mkdir -p $(TUNE_DIR)
 	$(NVCC) $(NVFLAGS) $(TUNE_DEFS) -c kernels.cu -o $(TUNE_DIR)/kernels.o
 	$(CC) -o $(TUNE_DIR)/run obj/run.o $(ENGINE_OBJ) $(TUNE_DIR)/kernels.o $(GPU_LIBS) $(LDLIBS)
-.PHONY: tune-variant tune-objects
+# a variant's GPU tests (after tune-variant): tests/test_run_gpu linked with its kernels
+tune-test-variant: tests/test_run_gpu
+	$(CC) -o $(TUNE_DIR)/test_run_gpu obj/plain/test_run.o $(addprefix obj/plain/,$(addsuffix .o,$(ENGINE))) obj/reference.o \
+	    $(TUNE_DIR)/kernels.o obj/testing.o $(GPU_LIBS) $(LDLIBS)
+.PHONY: tune-variant tune-objects tune-test-variant
 bench: run quantize tokenizer.bin bench/kernel_bench
 	./bench/kernel_bench
 	@mkdir -p bench/out

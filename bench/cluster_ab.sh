@@ -2,24 +2,45 @@
 # The cluster step's measurement builds (cuda/cluster_step.cuh's CS_... options) against the
 # tree's build, all in one run on the GPU machine:
 #   1. every variant built side by side, and its --cluster-step decode rate on bench.sh's synthetic
-#      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1);
+#      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1;
+#      ROWS=none: built only);
 #   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches) against the
 #      per-matrix path's (--no-megakernel) of the tree's build;
-#   3. with TRACE="N ..." (variant numbers): those variants built again with CS_TRACE, and the
-#      cluster step's trace of one step (each kind of hop's phases, each warp's ticks) on the same
-#      two synthetic models;
-#   4. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over the short generation
+#   3. with TESTS="N ..." (variant numbers): those variants' GPU suite (tests/test_run_gpu
+#      --gpu-only --quick models, linked with the variant's kernels: make tune-test-variant);
+#   4. with TRACE="N ...": those variants built again with CS_TRACE, and the cluster step's trace
+#      of one step (each kind of hop's phases, each warp's ticks) on the same two synthetic models;
+#   5. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over the short generation
 #      with --cluster-step of each variant in SANITIZE (variant numbers; unset: all, empty: none),
 #      JOBS (default 6) runs side by side, each at most TIMEOUT seconds (default 240).
-# Ends with "N passed, N failed, 0 skipped" over steps 2 and 4.
+# Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
 # Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
 set -eu
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: sh bench/cluster_ab.sh \"-DCS_...\" ..." >&2; exit 2; }
-ROWS=${ROWS:-stories15m smollm2} FLAGS=${FLAGS:--t 0 --cluster-step} sh bench/tune.sh "" "$@"
-make -s models/stories260K_q8.bin
 tune=bench/out/tune m=models/stories260K_q8.bin T=models/tok512.bin
+mkdir -p "$tune"
+[ -z "${TESTS:-}" ] || { make -s tests/test_run_gpu > "$tune/tests_build.log" 2>&1 & }   # (beside the variants' builds)
+if [ "${ROWS:-}" = none ]; then
+    make -s quantize tokenizer.bin tune-objects
+    n=0
+    for defs in "" "$@"; do
+        n=$((n + 1))
+        rm -f "$tune/$n/run"
+        make -s tune-variant TUNE_DIR="$tune/$n" TUNE_DEFS="$defs" > "$tune/$n.log" 2>&1 &
+    done
+    wait
+    n=0
+    for defs in "" "$@"; do
+        n=$((n + 1))
+        [ -x "$tune/$n/run" ] || { echo "cluster_ab: variant $n ($defs) failed to build:"; cat "$tune/$n.log"; exit 1; }
+    done
+else
+    ROWS=${ROWS:-stories15m smollm2} FLAGS=${FLAGS:--t 0 --cluster-step} sh bench/tune.sh "" "$@"
+    wait
+fi
+make -s models/stories260K_q8.bin
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 pass=0 fail=0
 verdict() {   # what, status (0: passed)
@@ -53,6 +74,17 @@ defs_of() {   # variant number: its -D options
         [ $i -eq "$n" ] && { echo "$d"; return; }
     done
 }
+label_of() { defs_of "$@" | sed 's/^$/as it is/'; }
+if [ -n "${TESTS:-}" ]; then
+    make -s tests/test_run_gpu || cat "$tune/tests_build.log"
+    for n in $TESTS; do
+        st=0
+        make -s tune-test-variant TUNE_DIR="$tune/$n" > "$tune/tests$n.out" 2>&1 &&
+            "$tune/$n/test_run_gpu" --gpu-only --quick models > "$tune/tests$n.out" 2>&1 || st=$?
+        verdict "variant $n ($(label_of "$@")) GPU suite: $(tail -1 "$tune/tests$n.out")" $st
+        [ $st -eq 0 ] || grep "^FAIL" "$tune/tests$n.out" | head -10
+    done
+fi
 if [ -n "${TRACE:-}" ]; then
     out=bench/out
     . bench/lib.sh   # synth
@@ -62,7 +94,7 @@ if [ -n "${TRACE:-}" ]; then
     wait
     for n in $TRACE; do
         for model in stories15m smollm2-135m; do
-            echo "trace of variant $n ($(defs_of "$@")), $model:"
+            echo "trace of variant $n ($(label_of "$@")), $model:"
             "$tune/trace$n/run" "$(synth $model)" -z tokenizer.bin -p "Once upon a time" -n 200 -t 0 --cluster-step 2>&1 > /dev/null |
                 grep "cluster step" || { echo "(no trace)"; cat "$tune/trace$n.log"; }
         done

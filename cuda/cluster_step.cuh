@@ -43,6 +43,13 @@ constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsum
 #if defined(CS_MMA_ROWS) || defined(CS_IMMA_ROWS)
 #define CS_STEP_ROWS
 #endif
+// The weights' group sizes it takes: multiples of 16 (a row's chunks), or of 64 (CS_STEP_ROWS: a
+// step in one group).
+#ifndef CS_STEP_ROWS
+constexpr int kCsGroupMultiple = 16;
+#else
+constexpr int kCsGroupMultiple = 64;
+#endif
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
@@ -1330,8 +1337,8 @@ static bool cs_linear_ok(const MegaStage &m, LinearForm form, const float *x, co
         return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
     for (int j = 0; j < n_w; j++) {
         const Mat *w = c.w[j];
-        if (!w->q || w->gs % 16 || w->cols != c.w[0]->cols || w->gs != c.w[0]->gs)
-            return snprintf(why, ERR_LEN, "a linear layer is not INT8 in groups of a multiple of 16"), false;
+        if (!w->q || w->gs % kCsGroupMultiple || w->cols != c.w[0]->cols || w->gs != c.w[0]->gs)
+            return snprintf(why, ERR_LEN, "a linear layer is not INT8 in groups of a multiple of %d", kCsGroupMultiple), false;
     }
     return true;
 }
@@ -1425,14 +1432,9 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
         wo->rows != dim || w2->cols != hidden || w2->rows != dim || (biases && !(qkv.qkv.bias[0] && qkv.qkv.bias[1] && qkv.qkv.bias[2])) ||
         st[n - 1].linear.w[0]->cols != dim || st[0].embedding->cols != dim || (!st[0].embedding->q && !st[0].embedding->f))
         return snprintf(why, ERR_LEN, "its stages are not the layers it runs"), false;
-    for (int i = 0; i < n - 2; i++) {
+    for (int i = 0; i < n - 2; i++)
         if (hops[i].kind != CS_ATTN && hops[i].rows_per_piece < 8)
             return snprintf(why, ERR_LEN, "a row of %d columns is past its slots' %d bytes / 8", hops[i].K, kCsSlotBytes), false;
-#ifdef CS_STEP_ROWS
-        if (hops[i].kind != CS_ATTN && hops[i].group_chunks % 4)
-            return snprintf(why, ERR_LEN, "groups of %d weights (its tensor-core rows take multiples of 64)", 16 * hops[i].group_chunks), false;
-#endif
-    }
     return true;
 }
 
@@ -1705,6 +1707,8 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
 }
 
 extern "C" int gpu_cluster_positions(const GpuCluster *c) { return c->positions; }
+
+extern "C" int gpu_cluster_group_multiple(void) { return kCsGroupMultiple; }
 
 extern "C" void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n) {
     snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy",

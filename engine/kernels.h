@@ -178,6 +178,7 @@ typedef struct GpuCluster GpuCluster;
 GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, int n, MegaAttention at, char *why);
 void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c);
 int gpu_cluster_positions(const GpuCluster *c);
+int gpu_cluster_group_multiple(void);   // the weights' group sizes it takes are multiples of this
 void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n);
 void gpu_cluster_free(GpuCluster *c);
 

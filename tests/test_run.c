@@ -2019,7 +2019,7 @@ static int mega_expected(const Model *m) {
 }
 
 // Whether the cluster step can run an INT8 model (cuda/cluster_step.cuh's limits): groups of a
-// multiple of 16, a width of at most 1024 (a multiple of 4), q, k and v together and the hidden
+// multiple of gpu_cluster_group_multiple() (16; 64 in its tensor-core measurement builds), a width of at most 1024 (a multiple of 4), q, k and v together and the hidden
 // width at most 1536 each, heads of at most 128 whose cache rows are whole 16-byte units, at most
 // 32 layers, and a GPU with thread-block clusters.
 static int cluster_expected(const Model *m, int kv_half) {
@@ -2028,7 +2028,7 @@ static int cluster_expected(const Model *m, int kv_half) {
     const int hs = c->head_dim, kv_dim = c->n_kv_heads * hs;
     int ok = m->quantized && gpu_has_sm90a() && c->dim <= 1024 && c->dim % 4 == 0 && q_dim_of(c) + 2 * kv_dim <= 1536 &&
              c->hidden_dim <= 1536 && hs <= 128 && hs * (kv_half ? 2 : 4) % 16 == 0 && c->n_layers <= 32;
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) ok = ok && w[i]->gs % 16 == 0;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) ok = ok && w[i]->gs % gpu_cluster_group_multiple() == 0;
     return ok && m->w.wv[0].gs == m->w.wq[0].gs && m->w.w3[0].gs == m->w.w1[0].gs;
 }
 
