@@ -164,11 +164,12 @@ __device__ __forceinline__ bool cs_try_cluster(uint32_t a, int parity) {
 // CS_WATCHDOG (a build for a first run on a new GPU or a new schedule): a wait that has not ended
 // after kCsHang cycles prints which wait it is and traps, so that the launch fails with an error
 // where the default build would hang. (Not for compute-sanitizer's runs, which are far slower.)
-enum CsWhere { CS_AT_FULL, CS_AT_EMPTY, CS_AT_HOP, CS_AT_LANDED };
+enum CsWhere { CS_AT_FULL, CS_AT_EMPTY, CS_AT_HOP, CS_AT_LANDED, CS_AT_STEP };
 #ifdef CS_WATCHDOG
 constexpr long long kCsHang = 4000000000ll;   // about 2 s at the H200's clock
 __device__ __noinline__ void cs_hung(int where, int n) {
-    const char *what[] = {"a ring slot's copy (piece)", "a ring slot's release (piece)", "the input of hop", "the classifier's rows"};
+    const char *what[] = {"a ring slot's copy (piece)", "a ring slot's release (piece)", "the input of hop", "the classifier's rows",
+                          "x's staged step"};
     printf("cluster step: block %d thread %d waited too long for %s %d\n", blockIdx.x, threadIdx.x, what[where], n);
     __trap();
 }
@@ -712,7 +713,7 @@ __device__ __forceinline__ float cs_rows8_steps(const CsSmem *s, const unsigned 
         uint4 w, x[kFrags];
     };
     auto wait_for = [&](int j) {
-        if (j >= *ready) cs_wait(cs_saddr(&s->xready[j]), (phases >> j) & 1, CS_AT_HOP, -1 - j), *ready = j + 1;
+        if (j >= *ready) cs_wait(cs_saddr(&s->xready[j]), (phases >> j) & 1, CS_AT_STEP, j), *ready = j + 1;
     };
     auto load = [&](int j, Step &in) {   // (volatile: issued here, not sunk to where a second step is used)
         in.w = cs_lds128(cs_saddr(row + 16 * min(4 * j + t, chunks - 1)));   // (past K: times 0)
