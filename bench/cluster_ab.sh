@@ -19,6 +19,14 @@
 set -eu
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: sh bench/cluster_ab.sh \"-DCS_...\" ..." >&2; exit 2; }
+for v in ${TESTS:-} ${TRACE:-} ${SANITIZE:-}; do   # variant numbers: 1 (the tree's) to $# + 1
+    case $v in *[!0-9]*) n=0 ;; *) n=$v ;; esac
+    [ "$n" -ge 1 ] && [ "$n" -le $(($# + 1)) ] ||
+        { echo "cluster_ab.sh: TESTS, TRACE and SANITIZE name variants 1 to $(($# + 1)), got \"$v\"" >&2; exit 2; }
+done
+for knob in "JOBS=${JOBS:-6}" "TIMEOUT=${TIMEOUT:-240}"; do   # whole numbers above 0
+    case ${knob#*=} in '' | *[!0-9]* | 0) echo "cluster_ab.sh: ${knob%%=*} must be a whole number above 0, got \"${knob#*=}\"" >&2; exit 2 ;; esac
+done
 tune=bench/out/tune m=models/stories260K_q8.bin T=models/tok512.bin
 mkdir -p "$tune"
 [ -z "${TESTS:-}" ] || { make -s tests/test_run_gpu > "$tune/tests_build.log" 2>&1 & }   # (beside the variants' builds)

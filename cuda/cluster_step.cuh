@@ -48,7 +48,8 @@ constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsum
 #ifndef CS_STEP_ROWS
 constexpr int kCsGroupMultiple = 16;
 #else
-constexpr int kCsGroupMultiple = 64;
+constexpr int kCsStep = 64;   // x's columns a step
+constexpr int kCsGroupMultiple = kCsStep;
 #endif
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
@@ -107,7 +108,7 @@ struct CsSmem {
 #else   // x staged for the tensor cores (16 bytes a 4 columns' worth), a scale and a sum of squares a
         // 64-column step
     uint4 xq[kCsMaxX / 4];
-    float xstep[kCsMaxX / 64], xss[kCsMaxX / 64];
+    float xstep[kCsMaxX / kCsStep], xss[kCsMaxX / kCsStep];
 #endif
     float scores[kCsMaxPos + 1];
     float part[kCsConsumers];   // the weighted sums' parts (parts x hs)
@@ -119,7 +120,7 @@ struct CsSmem {
     int pos;
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
 #ifdef CS_STEP_ROWS
-    unsigned long long xready[kCsMaxX / 64];   // a step of x staged: its 16 lanes' arrivals
+    unsigned long long xready[kCsMaxX / kCsStep];   // a step of x staged: its 16 lanes' arrivals
     unsigned xphase[kCsWarps];                 // a warp's next parity of each step's xready (bit j)
 #endif
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
@@ -352,6 +353,16 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
     }
 }
 
+// r (|r| <= 127.5) as three int8 digits, r ~ d0 + d1 / 254 + d2 / 254^2, into byte `byte` of d[0..2].
+__device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) {
+#pragma unroll
+    for (int pl = 0; pl < 3; pl++) {
+        const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
+        d[pl] |= (uint32_t)((int)q & 0xff) << (8 * byte);
+        r = (r - q) * 254.0f;
+    }
+}
+
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
 // 4], four a word; a plane kWords words), a warp a group, each group's step in u; returns the
 // norm's inverse RMS to every consumer (1 without a norm). Ends with the consumers' barrier
@@ -375,15 +386,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
         const float step = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / step;
         uint32_t d[3] = {0, 0, 0};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float r = v[i] * inv;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
-                d[pl] |= (uint32_t)((int)q & 0xff) << (8 * i);
-                r = (r - q) * 254.0f;
-            }
-        }
+        for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
 #pragma unroll
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
         if (lane == 0) u[g] = step, ss_out[g] = ss;
@@ -592,7 +595,6 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
 //   step's largest in [32, 64), |d0| <= 64: x to about 2.4e-7 of it, as the digits of 128 are) in
 //   A's rows 0 (d0), 8 (d1) and 1 and 9 (d2, twice); the weights as they are (m16n8k32, exact in
 //   int32).
-constexpr int kCsStep = 64;
 
 __device__ __forceinline__ uint4 cs_lds128(uint32_t a) {
     uint4 v;
@@ -659,15 +661,7 @@ __device__ __forceinline__ void cs_stage_step(CsSmem *s, const CsStepIn &in, int
     const float up = cs_pow2(e);
     uint32_t d[3] = {0, 0, 0};
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        float r = in.v[q] * up;   // |r| < 64
-#pragma unroll
-        for (int pl = 0; pl < 3; pl++) {
-            const float dq = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
-            d[pl] |= (uint32_t)((int)dq & 0xff) << (8 * q);
-            r = (r - dq) * 254.0f;
-        }
-    }
+    for (int q = 0; q < 4; q++) cs_put_digits(in.v[q] * up, q, d);   // (|in.v[q] * up| < 64)
     uint32_t *words = reinterpret_cast<uint32_t *>(s->xq + kCsStep / 4 * j);
     *reinterpret_cast<uint2 *>(words + 4 * (2 * t + i) + 2 * h) = make_uint2(d[0], d[1]);
     *reinterpret_cast<uint2 *>(words + 4 * (8 + 2 * t + i) + 2 * h) = make_uint2(d[2], d[2]);
@@ -868,6 +862,23 @@ __device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int
     return sc;
 }
 
+// Position t's score (times scale) into scores[t], returned: earlier() (q . an earlier key row) for
+// t < P, else q . the step's own key in x as the cache holds it (FP16: rounded).
+template <typename KV, class Earlier>
+__device__ __forceinline__ float cs_score(const CsParams &p, CsSmem *s, const float *q, const float *x, int kvh, int t, int P, float scale,
+                                          Earlier earlier) {
+    float sc = 0.0f;
+    if (t < P) {
+        sc = earlier();
+    } else {
+        const float *k = x + p.q_dim + kvh * p.hs;
+        for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
+    }
+    sc *= scale;
+    s->scores[t] = sc;
+    return sc;
+}
+
 // The largest of every consumer's m, to each (red: kCsWarps floats; the consumers' barrier inside).
 __device__ __forceinline__ float cs_consumers_max(float m, float *red) {
     m = warp_max(m);
@@ -912,19 +923,11 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
         float m = -INFINITY;
-        for (int t = threadIdx.x; t <= P; t += kCsConsumers) {
-            float sc = 0.0f;
-            if (t < P) {
-                const int row = t % p.per;
-                sc = cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)row * p.hs, p.hs, row);
-            } else {   // the step's own key, as the cache holds it (FP16: rounded)
-                const float *k = x + p.q_dim + kvh * p.hs;
-                for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
-            }
-            sc *= scale;
-            s->scores[t] = sc;
-            m = fmaxf(m, sc);
-        }
+        for (int t = threadIdx.x; t <= P; t += kCsConsumers)
+            m = fmaxf(m, cs_score<KV>(p, s, q, x, kvh, t, P, scale, [&] {
+                          const int row = t % p.per;
+                          return cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)row * p.hs, p.hs, row);
+                      }));
         if (nth == 0) ring.tick(2);
         m = cs_consumers_max(m, s->red[0]);
         if (nth == 0) ring.tick(3);
@@ -1037,19 +1040,11 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (nth == 0) ring.tick(1);
         // the slice's scores: a lane a position (the step's own from x, as the cache holds it)
         float m = -INFINITY;
-        for (int t = t0 + lane; t < t1; t += 32) {
-            float sc = 0.0f;
-            if (t < P) {
-                const int piece = t / p.per, row = t - piece * p.per;
-                sc = cs_dot_key4(q, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs, p.hs, row);
-            } else {   // the step's own key, as the cache holds it (FP16: rounded; as the form above)
-                const float *k = x + p.q_dim + kvh * p.hs;
-                for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
-            }
-            sc *= scale;
-            s->scores[t] = sc;
-            m = fmaxf(m, sc);
-        }
+        for (int t = t0 + lane; t < t1; t += 32)
+            m = fmaxf(m, cs_score<KV>(p, s, q, x, kvh, t, P, scale, [&] {
+                          const int piece = t / p.per, row = t - piece * p.per;
+                          return cs_dot_key4(q, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs, p.hs, row);
+                      }));
         if (nth == 0) ring.tick(2);
         m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
         if (nth == 0) ring.tick(3);
