@@ -56,6 +56,13 @@ static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 bl
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
 constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
+// CS_CLS_WARPS (a measurement build; default kCsWarps): a classifier block's warps, each taking its
+// own batches of 8 rows, so that more rows' loads are in flight on an SM at once.
+#ifndef CS_CLS_WARPS
+#define CS_CLS_WARPS 8
+#endif
+constexpr int kCsClsWarps = CS_CLS_WARPS, kCsClsThreads = 32 * kCsClsWarps;
+static_assert(kCsClsWarps >= 1 && kCsClsWarps <= 32, "a classifier block of 1 to 32 warps");
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
@@ -138,7 +145,7 @@ struct CsClsSmem {
     float gamma[kCsMaxDim], x[kCsMaxDim];
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
-    unsigned long long best[kCsWarps];
+    unsigned long long best[kCsClsWarps];
     unsigned long long landed;
 };
 
@@ -366,12 +373,12 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
 // 4], four a word; a plane kWords words), a warp a group, each group's step in u; returns the
 // norm's inverse RMS to every consumer (1 without a norm). Ends with the consumers' barrier
-// (kBlock: the block's).
-template <bool kBlock, int kWords = kCsMaxX / 4>
+// (kBlock: the block's, of kWarps warps).
+template <bool kBlock, int kWords = kCsMaxX / 4, int kWarps = kCsWarps>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
-    for (int g = warp; g < G; g += kCsWarps) {
+    for (int g = warp; g < G; g += kWarps) {
         float v[4], ss = 0.0f, m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -1246,13 +1253,13 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
-    for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
+    for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
-    const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+    const float inv_rms = cs_stage_digits<true, kCsMaxX / 4, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneX lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     unsigned long long best = 0;
-    for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
+    for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
         float acc[8];
         cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
@@ -1268,11 +1275,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
+        for (int w = 1; w < kCsClsWarps; w++) best = max(best, s->best[w]);
     return best;
 }
 
-__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
+__global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
@@ -1695,7 +1702,7 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
