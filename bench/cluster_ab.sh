@@ -29,25 +29,34 @@ for knob in "JOBS=${JOBS:-6}" "TIMEOUT=${TIMEOUT:-240}"; do   # whole numbers ab
 done
 tune=bench/out/tune m=models/stories260K_q8.bin T=models/tok512.bin
 mkdir -p "$tune"
+defs_of() {   # variant number: its -D options
+    i=0
+    for d in "" "$@"; do
+        i=$((i + 1))
+        [ $i -eq "$n" ] && { echo "$d"; return; }
+    done
+}
+label_of() { defs_of "$@" | sed 's/^$/as it is/'; }
 [ -z "${TESTS:-}" ] || { make -s tests/test_run_gpu > "$tune/tests_build.log" 2>&1 & }   # (beside the variants' builds)
-if [ "${ROWS:-}" = none ]; then
-    make -s quantize tokenizer.bin tune-objects
-    n=0
-    for defs in "" "$@"; do
-        n=$((n + 1))
-        rm -f "$tune/$n/run"
-        make -s tune-variant TUNE_DIR="$tune/$n" TUNE_DEFS="$defs" > "$tune/$n.log" 2>&1 &
-    done
-    wait
-    n=0
-    for defs in "" "$@"; do
-        n=$((n + 1))
-        [ -x "$tune/$n/run" ] || { echo "cluster_ab: variant $n ($defs) failed to build:"; cat "$tune/$n.log"; exit 1; }
-    done
-else
-    ROWS=${ROWS:-stories15m smollm2} FLAGS=${FLAGS:--t 0 --cluster-step} sh bench/tune.sh "" "$@"
-    wait
-fi
+# Every build at once (the variants, and those in TRACE again with CS_TRACE), before any timing.
+make -s quantize tokenizer.bin tune-objects
+n=0
+for defs in "" "$@"; do
+    n=$((n + 1))
+    rm -f "$tune/$n/run"
+    make -s tune-variant TUNE_DIR="$tune/$n" TUNE_DEFS="$defs" > "$tune/$n.log" 2>&1 &
+done
+for n in ${TRACE:-}; do
+    rm -f "$tune/trace$n/run"
+    make -s tune-variant TUNE_DIR="$tune/trace$n" TUNE_DEFS="$(defs_of "$@") -DCS_TRACE" > "$tune/trace$n.log" 2>&1 &
+done
+wait
+n=0
+for defs in "" "$@"; do
+    n=$((n + 1))
+    [ -x "$tune/$n/run" ] || { echo "cluster_ab: variant $n ($defs) failed to build:"; cat "$tune/$n.log"; exit 1; }
+done
+[ "${ROWS:-}" = none ] || TUNE_BUILT=1 ROWS=${ROWS:-stories15m smollm2} FLAGS=${FLAGS:--t 0 --cluster-step} sh bench/tune.sh "" "$@"
 make -s models/stories260K_q8.bin
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 pass=0 fail=0
@@ -75,14 +84,6 @@ for defs in "" "$@"; do
         verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
     done
 done
-defs_of() {   # variant number: its -D options
-    i=0
-    for d in "" "$@"; do
-        i=$((i + 1))
-        [ $i -eq "$n" ] && { echo "$d"; return; }
-    done
-}
-label_of() { defs_of "$@" | sed 's/^$/as it is/'; }
 if [ -n "${TESTS:-}" ]; then
     make -s tests/test_run_gpu || cat "$tune/tests_build.log"
     for n in $TESTS; do
@@ -96,10 +97,6 @@ fi
 if [ -n "${TRACE:-}" ]; then
     out=bench/out
     . bench/lib.sh   # synth
-    for n in $TRACE; do
-        make -s tune-variant TUNE_DIR="$tune/trace$n" TUNE_DEFS="$(defs_of "$@") -DCS_TRACE" > "$tune/trace$n.log" 2>&1 &
-    done
-    wait
     for n in $TRACE; do
         for model in stories15m smollm2-135m; do
             echo "trace of variant $n ($(label_of "$@")), $model:"

@@ -16,8 +16,9 @@ out=bench/out tune=bench/out/tune   # the checkpoints (as bench.sh makes them); 
 mkdir -p "$tune"
 . bench/lib.sh   # synth, prompt_of, rate
 n=0 pids=
-for defs in "$@"; do
+for defs in "$@"; do   # (TUNE_BUILT=1: the caller has built them, bench/cluster_ab.sh)
     n=$((n + 1))
+    [ "${TUNE_BUILT:-}" = 1 ] && continue
     make -s tune-variant TUNE_DIR="$tune/$n" TUNE_DEFS="$defs" > "$tune/$n.log" 2>&1 &
     pids="$pids $!"
 done
