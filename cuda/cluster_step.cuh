@@ -35,34 +35,12 @@ constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsum
 #ifndef CS_MAX_CLUSTER
 #define CS_MAX_CLUSTER 16
 #endif
-// CS_MMA_ROWS, CS_IMMA_ROWS (measurement builds, one at most): a linear hop's rows on the tensor
-// cores, x staged a 64-column step at a time (cs_stage_steps, cs_rows8_steps below).
-#if defined(CS_MMA_ROWS) && defined(CS_IMMA_ROWS)
-#error "CS_MMA_ROWS and CS_IMMA_ROWS are two forms of one step: build one"
-#endif
-#if defined(CS_MMA_ROWS) || defined(CS_IMMA_ROWS)
-#define CS_STEP_ROWS
-#endif
-// The weights' group sizes it takes: multiples of 16 (a row's chunks), or of 64 (CS_STEP_ROWS: a
-// step in one group).
-#ifndef CS_STEP_ROWS
-constexpr int kCsGroupMultiple = 16;
-#else
-constexpr int kCsStep = 64;   // x's columns a step
-constexpr int kCsGroupMultiple = kCsStep;
-#endif
+constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: multiples of a row's chunk
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
 constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
-// CS_CLS_WARPS (a measurement build; default kCsWarps): a classifier block's warps, each taking its
-// own batches of 8 rows, so that more rows' loads are in flight on an SM at once.
-#ifndef CS_CLS_WARPS
-#define CS_CLS_WARPS 8
-#endif
-constexpr int kCsClsWarps = CS_CLS_WARPS, kCsClsThreads = 32 * kCsClsWarps;
-static_assert(kCsClsWarps >= 1 && kCsClsWarps <= 32, "a classifier block of 1 to 32 warps");
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
@@ -104,48 +82,30 @@ struct CsClsParams {
 };
 
 // cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
-// one and writes the other, or the residual), x's digits, the attention's scratch, the hops.
+// one and writes the other, or the residual), x's digits (where the attention keeps its warps'
+// parts), the attention's scores, the barriers, the hops.
 struct CsSmem {
     unsigned char ring[kCsSlots][kCsSlotBytes];
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
-#ifndef CS_STEP_ROWS
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
-#else   // x staged for the tensor cores (16 bytes a 4 columns' worth), a scale and a sum of squares a
-        // 64-column step
-    uint4 xq[kCsMaxX / 4];
-    float xstep[kCsMaxX / kCsStep], xss[kCsMaxX / kCsStep];
-#endif
     float scores[kCsMaxPos + 1];
-    float part[kCsConsumers];   // the weighted sums' parts (parts x hs)
-#ifdef CS_VEC_SEND
-    __align__(16) float head_out[kCsMaxHead];
-#endif
-    float red[2][kCsWarps];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
-#ifdef CS_STEP_ROWS
-    unsigned long long xready[kCsMaxX / kCsStep];   // a step of x staged: its 16 lanes' arrivals
-    unsigned xphase[kCsWarps];                 // a warp's next parity of each step's xready (bit j)
-#endif
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
-// Where a linear hop stages x (its digits, or its steps), free during the attention, which keeps
-// its warps' parts there (CS_WARP_ATTN).
-#ifndef CS_STEP_ROWS
+// Where a linear hop stages x's digits, free during the attention, which keeps its warps' parts
+// there.
 constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = sizeof(CsSmem::digits);
-#else
-constexpr size_t kCsScratchAt = offsetof(CsSmem, xq), kCsScratchBytes = sizeof(CsSmem::xq);
-#endif
 // cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
 struct CsClsSmem {
     unsigned char rows[kCsPreload];
     float gamma[kCsMaxDim], x[kCsMaxDim];
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
-    unsigned long long best[kCsClsWarps];
+    unsigned long long best[kCsWarps];
     unsigned long long landed;
 };
 
@@ -302,16 +262,10 @@ struct CsRing {
     }
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }
 };
-// Who releases a ring slot: lane 0 of each warp once the warp's reads are ordered before it (by a
-// barrier or __syncwarp); with CS_THREAD_RELEASE (a measurement build, written, not yet run)
-// every consumer thread, its own reads released, as the megakernel's consumers do
-// (compute-sanitizer's racecheck reports the one-lane form: NOTES 115).
-#ifdef CS_THREAD_RELEASE
-constexpr bool kCsAllRelease = true;
-#else
-constexpr bool kCsAllRelease = false;
-#endif
-constexpr int kCsReleasers = kCsAllRelease ? kCsConsumers : kCsWarps;   // a ring slot's empty barrier's arrivals
+// Who releases a ring slot: every consumer thread, its own reads released, as the megakernel's
+// consumers do (compute-sanitizer's racecheck reported one lane a warp releasing for the others
+// after __syncwarp: NOTES 115, 117).
+constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's arrivals
 
 // A linear hop's rows in this block.
 __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
@@ -373,12 +327,12 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
 // 4], four a word; a plane kWords words), a warp a group, each group's step in u; returns the
 // norm's inverse RMS to every consumer (1 without a norm). Ends with the consumers' barrier
-// (kBlock: the block's, of kWarps warps).
-template <bool kBlock, int kWords = kCsMaxX / 4, int kWarps = kCsWarps>
+// (kBlock: the block's).
+template <bool kBlock, int kWords = kCsMaxX / 4>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
-    for (int g = warp; g < G; g += kWarps) {
+    for (int g = warp; g < G; g += kCsWarps) {
         float v[4], ss = 0.0f, m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -423,11 +377,7 @@ struct CsLaneXOf {
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
             u[j] = c < chunks ? u_of[c / 8] : 0.0f;
-#ifdef CS_ROWS_FIRST
             scale[j] = min(c, chunks - 1) / group_chunks;   // (a chunk past K: its row's last group, times 0)
-#else
-            scale[j] = c / group_chunks;
-#endif
 #pragma unroll
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
@@ -442,34 +392,10 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
-#ifndef CS_ROWS_FIRST
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
-// shared or global memory) into acc.
-template <class LaneX>
-__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
-    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        acc[r] = 0.0f;
-        if (r >= n) continue;
-        const unsigned char *at = first + (size_t)r * rec;
-        const float *scale = reinterpret_cast<const float *>(at + scales_at);
-#pragma unroll
-        for (int j = 0; j < LaneX::kMaxChunks; j++) {
-            const int c = lane + 32 * j;
-            if (c >= x.chunks) continue;
-            const uint4 w = reinterpret_cast<const uint4 *>(at)[c];
-            const float sum = (float)cs_dot4(w, x.d[j][0]) + (float)cs_dot4(w, x.d[j][1]) * (1.0f / 254.0f) +
-                              (float)cs_dot4(w, x.d[j][2]) * (1.0f / (254.0f * 254.0f));
-            acc[r] += scale[x.scale[j]] * x.u[j] * sum;
-        }
-    }
-}
-#else
-// CS_ROWS_FIRST (a measurement build, written, not yet run): the same, with every load of a chunk's
-// 8 rows asked for before its arithmetic (no branch between them: rows past n read row n - 1's
-// bytes, a lane past K its row's last chunk, both times 0 or dropped), so that the rows'
-// latencies overlap (NOTES 115).
+// shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
+// arithmetic, with no branch between them (rows past n read row n - 1's bytes, a lane past K its
+// row's last chunk, both times 0 or dropped), so that the rows' latencies overlap (NOTES 115, 117).
 template <class LaneX>
 __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
     const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
@@ -498,7 +424,6 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
 }
-#endif
 
 // Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
 __device__ __forceinline__ float cs_sum8(const float acc[8]) {
@@ -548,20 +473,12 @@ __device__ __forceinline__ int cs_first_batch(int r0) {
     return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
 }
 
-// CS_VEC_SEND (a measurement build, written, not yet run): 4 outputs a send where a batch's 8 are
-// all rows (first a multiple of 8), and the attention's head sent 4 outputs a send.
-#ifdef CS_VEC_SEND
-constexpr bool kCsVecSend = true;
-#else
-constexpr bool kCsVecSend = false;
-#endif
-
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
 // every block's dst (lane d sends block d's copy); with pairs (SwiGLU: the even row holds the
 // pair's output), one output a pair, at the even row / 2.
 __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
     const int lane = threadIdx.x % 32;
-    if (kCsVecSend && n >= 8) {
+    if (n >= 8) {   // 4 outputs a send (first a multiple of 8)
         float o[8];
 #pragma unroll
         for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
@@ -583,194 +500,6 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
-#ifdef CS_STEP_ROWS
-// CS_MMA_ROWS and CS_IMMA_ROWS (measurement builds, written, not yet run): a linear hop's rows on
-// the tensor cores, x staged without a barrier of all the consumers (NOTES 116).
-//   Staging: each 64-column step of x (times gamma) is scaled by a power of 2 e of its own (from its
-//   largest element) and written in the MMA's operand form; the 16 lanes of a half-warp take a
-//   step (4 columns each), the warps' halves taking the steps in turn, and each lane arrives on
-//   the step's barrier once it has stored its part. A reader waits for each step it reads, in
-//   order: the first rows start as soon as the first step is in.
-//   Rows: mma.sync with x as A (a few rows, the rest 0) and a batch's 8 rows of weights as B: lane
-//   (g, t) loads bytes [16t, 16t + 16) of row g's step (k permuted, A and B alike, as
-//   q8_mma_kernel does), and lanes 0-7 x's operand for the same columns, 16 bytes a load, each one
-//   MMA's A fragment as it lies. D's rows hold the 8 rows' sums: each step's times its 2^-e, each
-//   group's times the rows' group scales (groups of a multiple of 64 columns).
-//   CS_MMA_ROWS: x as FP16 halves hi = fp16(x), lo = fp16(x - hi) (the step's largest in [2^14,
-//   2^15); hi + lo within about 2^-22 of x) in A's rows 0 and 8; the weights converted to FP16
-//   exactly (m16n8k16). CS_IMMA_ROWS: x as three int8 digits, x ~ d0 + d1 / 254 + d2 / 254^2 (the
-//   step's largest in [32, 64), |d0| <= 64: x to about 2.4e-7 of it, as the digits of 128 are) in
-//   A's rows 0 (d0), 8 (d1) and 1 and 9 (d2, twice); the weights as they are (m16n8k32, exact in
-//   int32).
-
-__device__ __forceinline__ uint4 cs_lds128(uint32_t a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
-    return v;
-}
-
-// The steps' common part of staging: lane hl of the half-warp's 4 columns of step j (x times
-// gamma, 0 past K) into v, the step's largest |v| and sum of squares of x (for the norm) to all 16.
-struct CsStepIn {
-    float v[4], m, ss;
-};
-__device__ __forceinline__ CsStepIn cs_step_in(const float *x, const float *gamma, int K, int j, unsigned mask) {
-    const int k = kCsStep * j + 4 * (threadIdx.x % 16);   // (x's buffers and the ring's slot hold these 4 past K: masked)
-    const float4 xv = *reinterpret_cast<const float4 *>(x + k);
-    const float4 gv = gamma ? *reinterpret_cast<const float4 *>(gamma + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-    const float raw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
-    CsStepIn in;
-    in.m = 0.0f, in.ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float xq = k + q < K ? raw[q] : 0.0f;
-        in.v[q] = k + q < K ? xq * gw[q] : 0.0f;
-        in.m = fmaxf(in.m, fabsf(in.v[q]));
-        in.ss += xq * xq;
-    }
-#pragma unroll
-    for (int o = 8; o; o >>= 1) in.m = fmaxf(in.m, __shfl_xor_sync(mask, in.m, o)), in.ss += __shfl_xor_sync(mask, in.ss, o);
-    return in;
-}
-// e such that m * 2^e lies in [2^top, 2^(top + 1)) (m's biased exponent b: 2^(b - 127) <= m), kept
-// where 2^e and 2^-e are normal; 0 for m = 0.
-__device__ __forceinline__ int cs_step_exponent(float m, int top) {
-    return m > 0.0f ? min(max(top + 127 - (int)((__float_as_uint(m) >> 23) & 0xff), -126), 126) : 0;
-}
-__device__ __forceinline__ float cs_pow2(int e) { return __int_as_float((127 + e) << 23); }
-
-#ifdef CS_MMA_ROWS
-// x's step j as FP16 halves: 4 columns a 16-byte word (hi of the first two, their lo, hi of the
-// last two, their lo: mma q's A fragment, rows 0 and 8).
-__device__ __forceinline__ void cs_stage_step(CsSmem *s, const CsStepIn &in, int j) {
-    const int e = cs_step_exponent(in.m, 14);
-    const float up = cs_pow2(e);
-    uint32_t w[4];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-        const float a = in.v[2 * q] * up, b = in.v[2 * q + 1] * up;
-        const __half2 hi = __floats2half2_rn(a, b);
-        const float2 back = __half22float2(hi);
-        const __half2 lo = __floats2half2_rn(a - back.x, b - back.y);
-        w[2 * q] = *reinterpret_cast<const uint32_t *>(&hi), w[2 * q + 1] = *reinterpret_cast<const uint32_t *>(&lo);
-    }
-    s->xq[(kCsStep * j) / 4 + threadIdx.x % 16] = make_uint4(w[0], w[1], w[2], w[3]);
-    if (threadIdx.x % 16 == 0) s->xstep[j] = cs_pow2(-e);
-}
-#else
-// x's step j as three int8 digits. Lane hl's 4 columns are c .. c + 3, c = 16t + 8i + 4h (t = hl /
-// 4, i = hl / 2 % 2, h = hl % 2); the step's words 2t + i (d0 and d1 of c' .. c' + 3, then of
-// c' + 4 .. c' + 7, c' = 16t + 8i: mma i's A fragment for lanes 0-3, rows 0 and 8) and 8 + 2t + i
-// (d2 twice, then d2 of the next 4 twice: for lanes 4-7, rows 1 and 9) take its part at h.
-__device__ __forceinline__ void cs_stage_step(CsSmem *s, const CsStepIn &in, int j) {
-    const int hl = threadIdx.x % 16, t = hl / 4, i = hl / 2 % 2, h = hl % 2;
-    const int e = cs_step_exponent(in.m, 5);
-    const float up = cs_pow2(e);
-    uint32_t d[3] = {0, 0, 0};
-#pragma unroll
-    for (int q = 0; q < 4; q++) cs_put_digits(in.v[q] * up, q, d);   // (|in.v[q] * up| < 64)
-    uint32_t *words = reinterpret_cast<uint32_t *>(s->xq + kCsStep / 4 * j);
-    *reinterpret_cast<uint2 *>(words + 4 * (2 * t + i) + 2 * h) = make_uint2(d[0], d[1]);
-    *reinterpret_cast<uint2 *>(words + 4 * (8 + 2 * t + i) + 2 * h) = make_uint2(d[2], d[2]);
-    if (hl == 0) s->xstep[j] = cs_pow2(-e);
-}
-#endif
-
-// Stages x (K elements, times gamma where given) a step at a time, with the steps' scales (2^-e)
-// and sums of squares of x (for the norm), each step's barrier completed by its 16 lanes.
-__device__ void cs_stage_steps(CsSmem *s, const float *x, const float *gamma, int K) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, half = lane / 16;
-    const unsigned mask = 0xffffu << (16 * half);
-    for (int j = warp + kCsWarps * half; j < (K + kCsStep - 1) / kCsStep; j += 2 * kCsWarps) {
-        const CsStepIn in = cs_step_in(x, gamma, K, j, mask);
-        cs_stage_step(s, in, j);
-        if (lane % 16 == 0) s->xss[j] = in.ss;
-        mbar_arrive(cs_saddr(&s->xready[j]));   // (with release: this lane's stores)
-    }
-}
-
-// The warp's 8 rows (n of them rows, records rec bytes apart from first) times x's steps: on return
-// lanes 4r..4r+3 hold row r's sum before the norm (0 past n), as cs_sum8's. Steps from *ready on are
-// waited for first (phases: the parity of each step's barrier for this hop); group_steps: the
-// weights' group size / 64.
-__device__ __forceinline__ float cs_rows8_steps(const CsSmem *s, const unsigned char *first, int rec, int n, int K, int group_steps,
-                                                int *ready, unsigned phases) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = (K + kCsStep - 1) / kCsStep;
-    const int chunks = (K + 15) / 16, scales_at = (K + 15) & ~15;
-    const unsigned char *row = first + (size_t)min(g, n - 1) * rec;   // B's column g: this lane's weights
-    const float *scale0 = reinterpret_cast<const float *>(first + (size_t)min(2 * t, n - 1) * rec + scales_at);
-    const float *scale1 = reinterpret_cast<const float *>(first + (size_t)min(2 * t + 1, n - 1) * rec + scales_at);
-    float sum0 = 0.0f, sum1 = 0.0f, group0 = 0.0f, group1 = 0.0f;   // this lane's part of rows 2t and 2t + 1
-    int gi = 0, in_group = 0;                                        // the step's group, its steps before it
-#ifdef CS_MMA_ROWS
-    constexpr int kFrags = 4;   // A fragments a step (mma q: the lane's columns 4q .. 4q + 3 of the step)
-    const int frag0 = 4 * t;    // lanes 0-3 (the others' fragments stay 0)
-#else
-    constexpr int kFrags = 2;                       // mma i: the lane's columns 8i .. 8i + 7 of the step
-    const int frag0 = 2 * t + (lane >= 4 ? 8 : 0);  // lanes 0-3 d0, d1; lanes 4-7 d2 (the others' stay 0)
-    const float f0 = lane < 4 ? 1.0f : 1.0f / (254.0f * 254.0f), f2 = lane < 4 ? 1.0f / 254.0f : 0.0f;   // D[0], D[2]'s weights
-#endif
-    struct Step {
-        uint4 w, x[kFrags];
-    };
-    auto wait_for = [&](int j) {
-        if (j >= *ready) cs_wait(cs_saddr(&s->xready[j]), (phases >> j) & 1, CS_AT_STEP, j), *ready = j + 1;
-    };
-    auto load = [&](int j, Step &in) {   // (volatile: issued here, not sunk to where a second step is used)
-        in.w = cs_lds128(cs_saddr(row + 16 * min(4 * j + t, chunks - 1)));   // (past K: times 0)
-        if (lane < (kFrags == 4 ? 4 : 8))
-#pragma unroll
-            for (int q = 0; q < kFrags; q++) in.x[q] = cs_lds128(cs_saddr(&s->xq[kCsStep / 4 * j + frag0 + q]));
-    };
-    auto multiply = [&](int j, const Step &in) {
-        const float step = s->xstep[j];
-#ifdef CS_MMA_ROWS
-        // mma q: k = 2t, 2t + 1 and 2t + 8, 2t + 9 are the lane's columns 4q .. 4q + 3 (B: word q's
-        // bytes 0-1, 2-3); D: [0], [1] hi's rows 2t, 2t + 1, [2], [3] lo's
-        float d0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_16816(d0, in.x[0].x, in.x[0].y, in.x[0].z, in.x[0].w, int8x2_to_half2(in.w.x, 0), int8x2_to_half2(in.w.x, 1));
-        mma_16816(d1, in.x[1].x, in.x[1].y, in.x[1].z, in.x[1].w, int8x2_to_half2(in.w.y, 0), int8x2_to_half2(in.w.y, 1));
-        mma_16816(d0, in.x[2].x, in.x[2].y, in.x[2].z, in.x[2].w, int8x2_to_half2(in.w.z, 0), int8x2_to_half2(in.w.z, 1));
-        mma_16816(d1, in.x[3].x, in.x[3].y, in.x[3].z, in.x[3].w, int8x2_to_half2(in.w.w, 0), int8x2_to_half2(in.w.w, 1));
-        group0 = fmaf(step, (d0[0] + d1[0]) + (d0[2] + d1[2]), group0), group1 = fmaf(step, (d0[1] + d1[1]) + (d0[3] + d1[3]), group1);
-#else
-        // mma i: k = 4t .. 4t + 3 and 4t + 16 .. 4t + 19 are the lane's columns 8i .. 8i + 7 (B: words
-        // 2i, 2i + 1); D: [0], [1] rows 2t, 2t + 1 of d0 (lanes 0-3) or d2 (4-7), [2], [3] of d1 (0-3)
-        int d[4] = {0, 0, 0, 0};
-        mk_imma(d, in.x[0], make_uint2(in.w.x, in.w.y));
-        mk_imma(d, in.x[1], make_uint2(in.w.z, in.w.w));
-        group0 = fmaf(step, fmaf((float)d[2], f2, (float)d[0] * f0), group0);
-        group1 = fmaf(step, fmaf((float)d[3], f2, (float)d[1] * f0), group1);
-#endif
-        if (++in_group == group_steps || j == steps - 1) {
-            sum0 = fmaf(scale0[gi], group0, sum0), sum1 = fmaf(scale1[gi], group1, sum1);
-            group0 = group1 = 0.0f, in_group = 0, gi++;
-        }
-    };
-    Step a = {}, b = {};
-    for (int j = 0; j < steps; j += 2) {   // two steps' loads asked for before either's arithmetic
-        const bool two = j + 1 < steps;
-        wait_for(j);
-        if (two) wait_for(j + 1);
-        load(j, a), load(two ? j + 1 : j, b);
-        multiply(j, a);
-        if (two) multiply(j + 1, b);
-    }
-#ifdef CS_IMMA_ROWS
-    sum0 += __shfl_xor_sync(~0u, sum0, 4), sum1 += __shfl_xor_sync(~0u, sum1, 4);   // d2's part from lanes 4-7
-#endif
-    const int r = lane / 4;   // row r is lane r / 2's sum0 (r even) or sum1
-    const float even = __shfl_sync(~0u, sum0, r >> 1), odd = __shfl_sync(~0u, sum1, r >> 1);
-    return r < n ? ((r & 1) ? odd : even) : 0.0f;
-}
-
-// The norm's inverse RMS of the hop's x (every step waited for).
-__device__ __forceinline__ float cs_steps_inv_rms(const CsSmem *s, int K, float eps) {
-    float ss = 0.0f;
-    for (int j = 0; j < (K + kCsStep - 1) / kCsStep; j++) ss += s->xss[j];
-    return inv_rms_of(ss, K, eps);
-}
-#endif
 
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
@@ -783,22 +512,11 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-#ifndef CS_STEP_ROWS
     CsLaneX lx;
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
-    if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
+    if (h.gamma) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);
-#else
-    const int warp = threadIdx.x / 32;
-    const unsigned phases = s->xphase[warp];
-    int ready = 0;          // the steps of x this warp has waited for
-    float inv_rms = 1.0f;   // (with a norm: once every step is in, after the warp's first batch)
-    cs_stage_steps(s, x, gamma, h.K);
-    ring.tick(2);
-    __syncwarp();
-    if (h.gamma && (kCsAllRelease || lane == 0)) ring.release(0);
-#endif
     ring.stamp_mark();
     ring.tick(3);
     bool first = true;
@@ -809,21 +527,12 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (first) ring.tick(4);
-#ifndef CS_STEP_ROWS
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (first) ring.tick(5);
-#else
-            const float sum = cs_rows8_steps(s, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, h.group_chunks / 4, &ready, phases);
-            if (first) ring.tick(5), inv_rms = h.gamma ? cs_steps_inv_rms(s, h.K, p.eps) : 1.0f;   // (no norm: 1)
-#endif
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
-#ifndef CS_STEP_ROWS
             float v = cs_sum8(acc) * inv_rms;
-#else
-            float v = sum * inv_rms;
-#endif
             if (first) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
@@ -837,12 +546,8 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             first = false;
         }
         __syncwarp();
-        if (kCsAllRelease || lane == 0) ring.release(piece);
+        ring.release(piece);
     }
-#ifdef CS_STEP_ROWS
-    __syncwarp();
-    if (lane == 0) s->xphase[warp] = phases ^ ((1u << (h.K + kCsStep - 1) / kCsStep) - 1);   // each step's barrier used once
-#endif
     return piece;
 }
 
@@ -886,115 +591,11 @@ __device__ __forceinline__ float cs_score(const CsParams &p, CsSmem *s, const fl
     return sc;
 }
 
-// The largest of every consumer's m, to each (red: kCsWarps floats; the consumers' barrier inside).
-__device__ __forceinline__ float cs_consumers_max(float m, float *red) {
-    m = warp_max(m);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
-    cs_consumers_sync();
-    m = red[0];
-    for (int w = 1; w < kCsWarps; w++) m = fmaxf(m, red[w]);
-    return m;
-}
-// scores[0, n) replaced by exp(score - m); returns their sum to every consumer (a barrier inside).
-__device__ __forceinline__ float cs_exp_sum(float *scores, int n, float m, float *red) {
-    float sum = 0.0f;
-    for (int t = threadIdx.x; t < n; t += kCsConsumers) {
-        const float e = expf(scores[t] - m);
-        scores[t] = e;
-        sum += e;
-    }
-    sum = warp_sum(sum);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
-    cs_consumers_sync();
-    sum = 0.0f;
-    for (int w = 0; w < kCsWarps; w++) sum += red[w];
-    return sum;
-}
-
-#ifndef CS_WARP_ATTN
-// The attention of the block's heads at the step's position P: q, k and v of the step in x (q,
-// then k, then v), the earlier rows of the head's kv head from the ring (kp pieces of its key
-// rows, then kp of its value rows). Returns the pieces it took.
-template <typename KV>
-__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = (P + p.per - 1) / p.per;
-    (void)warp;   // (unused with CS_VEC_SEND)
-    const uint32_t dst_at = cs_saddr(dst);
-    const float scale = 1.0f / sqrtf((float)p.hs);
-    int nth = 0;
-    for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-        const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
-        const float *q = x + head * p.hs;
-        // scores: a thread a position (the step's own from x); every key piece waited for first, so
-        // that no wait sits in the loop
-        for (int i = 0; i < kp; i++) ring.wait(base + i);
-        if (nth == 0) ring.tick(1);
-        float m = -INFINITY;
-        for (int t = threadIdx.x; t <= P; t += kCsConsumers)
-            m = fmaxf(m, cs_score<KV>(p, s, q, x, kvh, t, P, scale, [&] {
-                          const int row = t % p.per;
-                          return cs_dot_key(q, reinterpret_cast<const KV *>(ring.at(base + t / p.per)) + (size_t)row * p.hs, p.hs, row);
-                      }));
-        if (nth == 0) ring.tick(2);
-        m = cs_consumers_max(m, s->red[0]);
-        if (nth == 0) ring.tick(3);
-        if (kCsAllRelease || lane == 0)
-            for (int i = 0; i < kp; i++) ring.release(base + i);
-        const float sum = cs_exp_sum(s->scores, P + 1, m, s->red[1]);
-        ring.stamp_mark();
-        if (nth == 0) ring.tick(4);
-        // the weighted sum of the value rows: a thread a dimension and every parts-th position of
-        // each piece (no division in the loop: a piece's rows are consecutive)
-        for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
-        if (nth == 0) ring.tick(5);
-        const int parts = kCsConsumers / p.hs;   // (2 to 21: head sizes 12 to 128)
-        if (threadIdx.x < parts * p.hs) {
-            const int d = threadIdx.x % p.hs, part = threadIdx.x / p.hs;
-            float a = 0.0f;
-            for (int i = 0; i < kp; i++) {
-                const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + i)) + d;
-                const float *sc = s->scores + i * p.per;
-                const int rows = min(p.per, P - i * p.per);
-#pragma unroll 4
-                for (int r = part; r < rows; r += parts) a += sc[r] * (float)v[(size_t)r * p.hs];
-            }
-            if (part == 0) a += s->scores[P] * (float)(KV)x[p.q_dim + p.kvd + kvh * p.hs + d];   // (as the cache holds it)
-            s->part[threadIdx.x] = a;
-        }
-        cs_consumers_sync();
-        if (nth == 0) ring.tick(6);
-        if (kCsAllRelease || lane == 0)
-            for (int i = 0; i < kp; i++) ring.release(base + kp + i);
-        auto output = [&](int d) {   // dimension d of the head's output
-            float o = 0.0f;
-            for (int j = 0; j < parts; j++) o += s->part[j * p.hs + d];
-            return o / sum;
-        };
-#ifndef CS_VEC_SEND
-        for (int d = warp; d < p.hs; d += kCsWarps) {
-            const float o = output(d);
-            if (lane < p.cluster) cs_send(dst_at + 4 * (head * p.hs + d), bar_at, lane, o);
-        }
-#else   // the head's outputs gathered, then sent 4 a send (head sizes are multiples of 4)
-        for (int d = threadIdx.x; d < p.hs; d += kCsConsumers) s->head_out[d] = output(d);
-        cs_consumers_sync();
-        for (int t = threadIdx.x; t < p.cluster * (p.hs / 4); t += kCsConsumers) {
-            const int to = t / (p.hs / 4), d = 4 * (t % (p.hs / 4));
-            cs_send4(dst_at + 4 * (head * p.hs + d), bar_at, to, s->head_out[d], s->head_out[d + 1], s->head_out[d + 2], s->head_out[d + 3]);
-        }
-#endif
-        if (nth == 0) ring.tick(7);
-        cs_consumers_sync();   // part, scores and head_out free for the next head
-    }
-    return 2 * kp * nth;
-}
-#else
-// CS_WARP_ATTN (a measurement build, written, not yet run): the attention in warp slices. The
-// positions [0, P] are dealt in contiguous slices to the 8 warps; each warp takes its slice's
-// scores, their maximum and the exponentials' sum by shuffles (no barrier), then its part of the
-// weighted sum of the value rows (a lane a pair of dimensions, every position of the slice); after
-// one barrier, a thread a (block, 4 dimensions) combines the warps' parts as flash-decoding
-// combines its splits and sends them by one st.async (NOTES 116).
+// The attention in warp slices (NOTES 116, 117). The positions [0, P] are dealt in contiguous
+// slices to the 8 warps; each warp takes its slice's scores, their maximum and the exponentials'
+// sum by shuffles (no barrier), then its part of the weighted sum of the value rows (a lane a pair
+// of dimensions, every position of the slice); after one barrier, a thread a (block, 4 dimensions)
+// combines the warps' parts as flash-decoding combines its splits and sends them by one st.async.
 constexpr int kCsPartStride = kCsMaxHead + 4;   // a warp's part: hs sums, its maximum, its sum (16-byte rows)
 static_assert(kCsScratchBytes >= sizeof(float) * kCsWarps * kCsPartStride && kCsScratchAt % 16 == 0,
               "the warps' parts fit, aligned, where a linear hop stages x");
@@ -1056,8 +657,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
         if (nth == 0) ring.tick(3);
         __syncwarp();
-        if (kCsAllRelease || lane == 0)
-            for (int i = 0; i < kp; i++) ring.release(base + i);
+        for (int i = 0; i < kp; i++) ring.release(base + i);
         float sum = 0.0f;
         for (int t = t0 + lane; t < t1; t += 32) {
             const float e = expf(s->scores[t] - m);
@@ -1098,8 +698,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         }
         if (lane == 0) part[warp][kCsMaxHead] = m, part[warp][kCsMaxHead + 1] = sum;
         __syncwarp();
-        if (kCsAllRelease || lane == 0)
-            for (int i = 0; i < kp; i++) ring.release(base + kp + i);
+        for (int i = 0; i < kp; i++) ring.release(base + kp + i);
         cs_consumers_sync();
         if (nth == 0) ring.tick(6);
         // the warps' parts combined, 4 dimensions for one block a thread
@@ -1127,7 +726,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     }
     return 2 * kp * nth;
 }
-#endif
 
 // The step's position and token (after the kernels before have finished), its embedding row into
 // the residual stream, the step's RoPE angles (sincosf(pos * freq), as the per-matrix path's).
@@ -1205,10 +803,6 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     if (threadIdx.x == 0) {
         for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
-#ifdef CS_STEP_ROWS
-        for (int j = 0; j < kCsMaxX / kCsStep; j++) mbar_init(cs_saddr(&s->xready[j]), 16);
-        for (int w = 0; w < kCsWarps; w++) s->xphase[w] = 0;
-#endif
         mbar_init_fence();
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
@@ -1253,13 +847,13 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
-    for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
+    for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
-    const float inv_rms = cs_stage_digits<true, kCsMaxX / 4, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+    const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneX lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     unsigned long long best = 0;
-    for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
+    for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
         float acc[8];
         cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
@@ -1275,11 +869,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int w = 1; w < kCsClsWarps; w++) best = max(best, s->best[w]);
+        for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
     return best;
 }
 
-__global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
+__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
@@ -1702,7 +1296,7 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
