@@ -16,9 +16,9 @@
 # Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
 # Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
+#   TRACE=1 SANITIZE= sh bench/cluster_ab.sh            (no variants: the tree's build alone)
 set -eu
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: sh bench/cluster_ab.sh \"-DCS_...\" ..." >&2; exit 2; }
 for v in ${TESTS:-} ${TRACE:-} ${SANITIZE:-}; do   # variant numbers: 1 (the tree's) to $# + 1
     case $v in *[!0-9]*) n=0 ;; *) n=$v ;; esac
     [ "$n" -ge 1 ] && [ "$n" -le $(($# + 1)) ] ||
@@ -37,9 +37,10 @@ defs_of() {   # variant number: its -D options
     done
 }
 label_of() { defs_of "$@" | sed 's/^$/as it is/'; }
-[ -z "${TESTS:-}" ] || { make -s tests/test_run_gpu > "$tune/tests_build.log" 2>&1 & }   # (beside the variants' builds)
-# Every build at once (the variants, and those in TRACE again with CS_TRACE), before any timing.
+# Every build at once (the variants, and those in TRACE again with CS_TRACE), before any timing;
+# with TESTS, the suite and ./run (which its command-line checks run) beside them.
 make -s quantize tokenizer.bin tune-objects
+[ -z "${TESTS:-}" ] || { make -s run tests/test_run_gpu > "$tune/tests_build.log" 2>&1 & }
 n=0
 for defs in "" "$@"; do
     n=$((n + 1))
@@ -85,7 +86,7 @@ for defs in "" "$@"; do
     done
 done
 if [ -n "${TESTS:-}" ]; then
-    make -s tests/test_run_gpu || cat "$tune/tests_build.log"
+    make -s run tests/test_run_gpu || cat "$tune/tests_build.log"
     for n in $TESTS; do
         st=0
         make -s tune-test-variant TUNE_DIR="$tune/$n" > "$tune/tests$n.out" 2>&1 &&
