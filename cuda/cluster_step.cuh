@@ -1,6 +1,6 @@
 // cluster_step.cuh: a small model's decode step with its layers on one thread-block cluster and
 // its classifier on the other SMs (sm_90), then its host side. The design, its probe and what it
-// measured: bench/NOTES.md 111, 112, 114 and 115.
+// measured: bench/NOTES.md 111, 112 and 114-117.
 //   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and 8 consumer warps
 //                         each: every block keeps the residual stream and the x of its hop in its
 //                         own shared memory; a hop's writers send each output into every block's
