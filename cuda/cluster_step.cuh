@@ -132,12 +132,11 @@ __device__ __forceinline__ bool cs_try_cluster(uint32_t a, int parity) {
 // CS_WATCHDOG (a build for a first run on a new GPU or a new schedule): a wait that has not ended
 // after kCsHang cycles prints which wait it is and traps, so that the launch fails with an error
 // where the default build would hang. (Not for compute-sanitizer's runs, which are far slower.)
-enum CsWhere { CS_AT_FULL, CS_AT_EMPTY, CS_AT_HOP, CS_AT_LANDED, CS_AT_STEP };
+enum CsWhere { CS_AT_FULL, CS_AT_EMPTY, CS_AT_HOP, CS_AT_LANDED };
 #ifdef CS_WATCHDOG
 constexpr long long kCsHang = 4000000000ll;   // about 2 s at the H200's clock
 __device__ __noinline__ void cs_hung(int where, int n) {
-    const char *what[] = {"a ring slot's copy (piece)", "a ring slot's release (piece)", "the input of hop", "the classifier's rows",
-                          "x's staged step"};
+    const char *what[] = {"a ring slot's copy (piece)", "a ring slot's release (piece)", "the input of hop", "the classifier's rows"};
     printf("cluster step: block %d thread %d waited too long for %s %d\n", blockIdx.x, threadIdx.x, what[where], n);
     __trap();
 }
@@ -500,7 +499,6 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
-
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
@@ -551,29 +549,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     return piece;
 }
 
-// q . k for row `row` of a slot of key rows (n 4-byte words each), the row's words taken from a
-// word of its own on: a warp's lanes take consecutive rows, and rows whose first words share a
-// bank (every 32 / gcd(n, 32)-th) start at different words, so that no two lanes meet in a bank.
-__device__ __forceinline__ int cs_first_word(int n, int row) {
-    const int low = n & -n, period = low >= 32 ? 1 : 32 / low;
-    return row / period % n;
-}
-__device__ __forceinline__ float cs_dot_key(const float *q, const float *k, int hs, int row) {
-    float sc = 0.0f;
-    for (int j = 0, i = cs_first_word(hs, row); j < hs; j++, i = i + 1 < hs ? i + 1 : 0) sc += q[i] * k[i];
-    return sc;
-}
-__device__ __forceinline__ float cs_dot_key(const float *q, const __half *k, int hs, int row) {
-    const __half2 *k2 = reinterpret_cast<const __half2 *>(k);
-    const int n = hs / 2;
-    float sc = 0.0f;
-    for (int j = 0, i = cs_first_word(n, row); j < n; j++, i = i + 1 < n ? i + 1 : 0) {
-        const float2 kf = __half22float2(k2[i]);
-        sc += q[2 * i] * kf.x + q[2 * i + 1] * kf.y;
-    }
-    return sc;
-}
-
 // Position t's score (times scale) into scores[t], returned: earlier() (q . an earlier key row) for
 // t < P, else q . the step's own key in x as the cache holds it (FP16: rounded).
 template <typename KV, class Earlier>
@@ -611,9 +586,9 @@ __device__ __forceinline__ float2 cs_load2(const __half *v) { return __half22flo
 __device__ __forceinline__ float2 cs_load2(const float *v) { return *reinterpret_cast<const float2 *>(v); }
 
 // q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from a unit of its
-// own on: a warp's lanes take consecutive rows, and a wavefront's rows start in different banks
-// (as cs_first_word, with the units a wavefront of 128 bytes holds). Two sums, so that the loads
-// of the unrolled loops run ahead of one chain of adds.
+// own on: a warp's lanes take consecutive rows, and rows whose first units would share a bank
+// (every kBanks / gcd(n, kBanks)-th, kBanks the units a wavefront of 128 bytes holds) start at
+// different units. Two sums, so that the loads of the unrolled loops run ahead of one chain of adds.
 template <typename KV>
 __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs, int row) {
     constexpr int kBanks = 128 / (4 * (int)sizeof(KV));

@@ -2019,9 +2019,9 @@ static int mega_expected(const Model *m) {
 }
 
 // Whether the cluster step can run an INT8 model (cuda/cluster_step.cuh's limits): groups of a
-// multiple of gpu_cluster_group_multiple() (16), a width of at most 1024 (a multiple of 4), q, k and v together and the hidden
-// width at most 1536 each, heads of at most 128 whose cache rows are whole 16-byte units, at most
-// 32 layers, and a GPU with thread-block clusters.
+// multiple of gpu_cluster_group_multiple(), a width of at most 1024 (a multiple of 4), q, k and v
+// together and the hidden width at most 1536 each, heads of at most 128 whose cache rows are whole
+// 16-byte units, at most 32 layers, and a GPU with thread-block clusters.
 static int cluster_expected(const Model *m, int kv_half) {
     const Config *c = &m->cfg;
     const Mat *w[] = {&m->w.wq[0], &m->w.wk[0], &m->w.wo[0], &m->w.w1[0], &m->w.w2[0], &m->w.wcls};
