@@ -15,10 +15,15 @@ rows="$out/rows.txt"; : > "$rows"
 row() {   # label, model, positions (-n), prompt, extra flags
     ./run "$2" -z tokenizer.bin -p "$4" -n "$3" -t 0 $5 > /dev/null 2> "$out/run.err" || { cat "$out/run.err"; exit 1; }
     grep -q "device gpu" "$out/run.err" || { echo "bench: not on the GPU:"; cat "$out/run.err"; exit 1; }
-    case "$5" in *--cluster-step*)   # (it falls back with a message where it cannot run: no row then)
+    label=$1
+    case " $5 " in *" --cluster-step "*)   # (it falls back with a message where it cannot run: no row then)
         grep -q "decode cluster step" "$out/run.err" || { echo "bench: $1: the cluster step did not run:"; cat "$out/run.err"; return 0; } ;;
     esac
-    awk -v label="$1" '/decode/ {
+    if [ -z "$5" ]; then   # the default: which step kernel ran (the cluster step first where both are there)
+        if grep -q "decode cluster step" "$out/run.err"; then label="$label (cluster step)"
+        elif grep -q "decode megakernel" "$out/run.err"; then label="$label (megakernel)"; fi
+    fi
+    awk -v label="$label" '/decode/ {
         for (i = 1; i <= NF; i++) {
             if ($(i+1) == "tok/s;" && $(i-1) == "decode") tps = $i
             if ($(i-1) == "weights") w = $i
@@ -36,7 +41,7 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff
 printf "%-46s %6s %6s %9s %8s %7s %7s %8s %7s\n" "model, path" "prompt" "gen" "tok/s" "ms/tok" "GB w" "GB kv" "GB/s" "of 4480"
 p5="Once upon a time"
 q8=$(synth llama2-7b)
-row "7b int8 fused (megakernel, FP16 KV)" "$q8" 261 "$p5" ""
+row "7b int8 fused (FP16 KV)" "$q8" 261 "$p5" ""
 row "7b int8 fused, a kernel per matrix" "$q8" 261 "$p5" "--no-megakernel"
 row "7b int8 fused, a kernel per matrix, no PDL" "$q8" 261 "$p5" "--no-megakernel --no-pdl"
 row "7b int8 fused, register-fed GEMV, no PDL" "$q8" 261 "$p5" "--no-megakernel --no-tma-gemv --no-pdl"
@@ -57,14 +62,17 @@ row "tinyllama-1.1b int8 fused" "$(synth tinyllama-1.1b)" 261 "$p5" ""
 row "tinyllama-1.1b int8 fused, a kernel per matrix" "$(synth tinyllama-1.1b)" 261 "$p5" "--no-megakernel"
 row "stories110m int8 fused" "$(synth stories110m)" 261 "$p5" ""
 row "stories110m int8 fused, a kernel per matrix" "$(synth stories110m)" 261 "$p5" "--no-megakernel"
+# the small shapes' steps on each of their paths: the default, and each named
 row "stories15m int8 fused" "$(synth stories15m)" 256 "$p5" ""
-row "stories15m int8 fused, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-graph"
-row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--megakernel"
+row "stories15m int8 fused, a kernel per matrix" "$(synth stories15m)" 256 "$p5" "--no-cluster-step --no-megakernel"
+row "stories15m int8 fused, a kernel per matrix, no CUDA graph" "$(synth stories15m)" 256 "$p5" "--no-cluster-step --no-megakernel --no-graph"
+row "stories15m int8 --megakernel" "$(synth stories15m)" 256 "$p5" "--no-cluster-step --megakernel"
 row "stories15m int8 --cluster-step" "$(synth stories15m)" 256 "$p5" "--cluster-step"
 # Hugging Face shapes (vocabularies 49152 and 128256, beyond tokenizer.bin's 32000)
 row "smollm2-135m int8 fused" "$(synth smollm2-135m)" 256 "$p5" ""
 row "smollm2-135m int8 --unfused (dequant + cuBLAS)" "$(synth smollm2-135m)" 256 "$p5" "--unfused"
-row "smollm2-135m int8 fused, a kernel per matrix" "$(synth smollm2-135m)" 256 "$p5" "--no-megakernel"
+row "smollm2-135m int8 fused, a kernel per matrix" "$(synth smollm2-135m)" 256 "$p5" "--no-cluster-step --no-megakernel"
+row "smollm2-135m int8 --megakernel" "$(synth smollm2-135m)" 256 "$p5" "--no-cluster-step --megakernel"
 row "smollm2-135m int8 --cluster-step" "$(synth smollm2-135m)" 256 "$p5" "--cluster-step"
 if [ -z "${BENCH_QUICK:-}" ]; then
     row "llama3-8b int8 fused" "$(synth llama3-8b)" 261 "$p5" ""
@@ -72,8 +80,10 @@ if [ -z "${BENCH_QUICK:-}" ]; then
 fi
 if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null
-    ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 > /dev/null 2> "$out/run.err"
-    awk '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
+    for flags in "" "--no-cluster-step"; do
+        ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 $flags > /dev/null 2> "$out/run.err"
+        awk -v flags="$flags" '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused " flags " (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
+    done
 fi
 # prefill: a 512-token prompt in one chunk (tensor cores: wgmma) against decoding one token per forward
 p512=$(prompt_of 512)

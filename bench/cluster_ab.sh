@@ -5,7 +5,7 @@
 #      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1;
 #      ROWS=none: built only);
 #   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches) against the
-#      per-matrix path's (--no-megakernel) of the tree's build;
+#      per-matrix path's (--no-megakernel --no-cluster-step) of the tree's build;
 #   3. with TESTS="N ..." (variant numbers): those variants' GPU suite (tests/test_run_gpu
 #      --gpu-only --quick models, linked with the variant's kernels: make tune-test-variant);
 #   4. with TRACE="N ...": those variants built again with CS_TRACE, and the cluster step's trace
@@ -67,7 +67,7 @@ verdict() {   # what, status (0: passed)
 # The per-matrix path's text of the tree's build, once a cache (ref.txt, ref--kv-fp32.txt; absent
 # where that run failed, so that every variant's text then fails).
 for kv in "" --kv-fp32; do
-    "$tune/1/run" $m -z $T -n 200 -t 0 --no-megakernel $kv > "$tune/ref$kv.txt" 2> /dev/null || rm -f "$tune/ref$kv.txt"
+    "$tune/1/run" $m -z $T -n 200 -t 0 --no-megakernel --no-cluster-step $kv > "$tune/ref$kv.txt" 2> /dev/null || rm -f "$tune/ref$kv.txt"
 done
 text() {   # variant, cache flag: its --cluster-step text equals the per-matrix path's
     [ -f "$tune/ref$2.txt" ] && "$tune/$1/run" $m -z $T -n 200 -t 0 --cluster-step $2 > "$tune/cs.txt" 2> "$tune/cs.err" &&
