@@ -1,6 +1,6 @@
 // cluster_step.cuh: a small model's decode step with its layers on one thread-block cluster and
 // its classifier on the other SMs (sm_90), then its host side. The design, its probe and what it
-// measured: bench/NOTES.md 111, 112 and 114-117.
+// measured: bench/NOTES.md 111, 112 and 114-118.
 //   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and 8 consumer warps
 //                         each: every block keeps the residual stream and the x of its hop in its
 //                         own shared memory; a hop's writers send each output into every block's
@@ -381,67 +381,6 @@ struct CsLaneXOf {
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
     }
-#ifdef CS_CHUNK_DIGITS
-    // CS_CHUNK_DIGITS (a measurement build): the lane's chunks of x (times gamma where given) made
-    // into digits by the lane itself, a step a chunk: no warp's shuffles and no block's barrier
-    // before the rows (cs_stage_digits and load's). A chunk's 16 values y =
-    // x * 2^(21 - e) (2^e <= its largest |x| < 2^(e + 1), so |y| < 2^22) rounded to integers
-    // v = d2 * 65536 + d1 * 256 + d0: d2 signed (d[j][2]), d1 and d0 unsigned bytes (d[j][1],
-    // d[j][0]); u[j] = 2^(e - 21). Returns the warp's sum of x's squares (the norm's), to every lane.
-    __device__ float make(const float *x, const float *gamma, int K, int group_chunks) {
-        const int lane = threadIdx.x % 32;
-        chunks = (K + 15) / 16;
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kChunks; j++) {
-            const int c = lane + 32 * j;
-            scale[j] = min(c, chunks - 1) / group_chunks;
-            u[j] = 0.0f;
-            d[j][0] = d[j][1] = d[j][2] = make_uint4(0, 0, 0, 0);
-            if (c >= chunks) continue;
-            float v[16], m = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 xq = reinterpret_cast<const float4 *>(x)[4 * c + q];
-                const float4 gq = gamma ? reinterpret_cast<const float4 *>(gamma)[4 * c + q] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-                const float xs[4] = {xq.x, xq.y, xq.z, xq.w}, gs[4] = {gq.x, gq.y, gq.z, gq.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const bool in = 16 * c + 4 * q + i < K;   // (past K: whatever the buffers hold there, never read)
-                    const float xk = in ? xs[i] : 0.0f;
-                    ss += xk * xk;
-                    v[4 * q + i] = in ? xk * gs[i] : 0.0f;
-                    m = fmaxf(m, fabsf(v[4 * q + i]));
-                }
-            }
-            const int E = (__float_as_int(m) >> 23) & 0xff;   // m's biased exponent
-            if (E < 22) continue;                               // (0, or below 2^-105: taken as 0)
-            if (E == 255) {                                     // (inf or NaN: the sums become so)
-                u[j] = m;
-                continue;
-            }
-            const float to_y = __int_as_float((275 - E) << 23);   // 2^(21 - e), e = E - 127
-            u[j] = __int_as_float((E - 21) << 23);                // 2^(e - 21)
-            uint32_t w[3][4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int y[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) y[i] = __float_as_int(fmaf(v[4 * q + i], to_y, 12582912.0f)) - 0x4b400000;
-                const uint32_t lo01 = __byte_perm(y[0], y[1], 0x5140), lo23 = __byte_perm(y[2], y[3], 0x5140);
-                const uint32_t hi01 = __byte_perm(y[0], y[1], 0x7362), hi23 = __byte_perm(y[2], y[3], 0x7362);
-                w[0][q] = __byte_perm(lo01, lo23, 0x5410);   // the bytes 0 of y[0..3]
-                w[1][q] = __byte_perm(lo01, lo23, 0x7632);   // their bytes 1
-                w[2][q] = __byte_perm(hi01, hi23, 0x5410);   // their bytes 2 (signed: |y| < 2^22)
-            }
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = make_uint4(w[pl][0], w[pl][1], w[pl][2], w[pl][3]);
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
-        return ss;
-    }
-#endif
 };
 using CsLaneX = CsLaneXOf<kCsChunks>;
 
@@ -451,24 +390,6 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     a = __dp4a((int)w.z, (int)d.z, a);
     return __dp4a((int)w.w, (int)d.w, a);
 }
-
-#ifdef CS_CHUNK_DIGITS
-// w's int8 bytes times d's unsigned bytes, summed.
-__device__ __forceinline__ int cs_dot4u(uint4 w, uint4 d) {
-    int a;
-    asm("dp4a.s32.u32 %0, %1, %2, 0;" : "=r"(a) : "r"(w.x), "r"(d.x));
-    asm("dp4a.s32.u32 %0, %1, %2, %0;" : "+r"(a) : "r"(w.y), "r"(d.y));
-    asm("dp4a.s32.u32 %0, %1, %2, %0;" : "+r"(a) : "r"(w.z), "r"(d.z));
-    asm("dp4a.s32.u32 %0, %1, %2, %0;" : "+r"(a) : "r"(w.w), "r"(d.w));
-    return a;
-}
-// A chunk's 16 weights times its 16 values y (CsLaneXOf::make's digits): exact in integers below
-// 2^31 (the low bytes' part) and 2^24 (the top's), then one rounding.
-__device__ __forceinline__ float cs_chunk_dot(uint4 w, const uint4 d[3]) {
-    const int lo = cs_dot4u(w, d[1]) * 256 + cs_dot4u(w, d[0]);
-    return fmaf((float)cs_dot4(w, d[2]), 65536.0f, (float)lo);
-}
-#endif
 
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
 // shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
@@ -493,12 +414,8 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-#ifdef CS_CHUNK_DIGITS
-            const float sum = cs_chunk_dot(w[r], x.d[j]);
-#else
             const float sum = (float)cs_dot4(w[r], x.d[j][0]) + (float)cs_dot4(w[r], x.d[j][1]) * (1.0f / 254.0f) +
                               (float)cs_dot4(w[r], x.d[j][2]) * (1.0f / (254.0f * 254.0f));
-#endif
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
@@ -594,27 +511,14 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
     CsLaneX lx;
-    const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
-#ifdef CS_CHUNK_DIGITS
-    // each warp with rows here makes its lanes' digits itself (a warp without reads no x)
-    bool has_rows = false;
-    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece) has_rows = has_rows || cs_first_batch(r0) < min(h.rows_per_piece, mine - r0);
-    float inv_rms = 1.0f;
-    if (has_rows) {
-        const float ss = lx.make(x, gamma, h.K, h.group_chunks);
-        if (gamma) inv_rms = inv_rms_of(ss, h.K, p.eps);
-    }
-    ring.tick(2);
-    if (h.gamma) ring.release(0);
-#else
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
     if (h.gamma) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);
-#endif
     ring.stamp_mark();
     ring.tick(3);
     bool first = true;
+    const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
@@ -920,13 +824,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
     for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
-    CsLaneX lx;
-#ifdef CS_CHUNK_DIGITS
-    const float inv_rms = inv_rms_of(lx.make(s->x, s->gamma, c.dim, c.group_chunks), c.dim, c.eps);
-#else
     const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+    CsLaneX lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
-#endif
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
