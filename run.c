@@ -548,8 +548,8 @@ static const char usage_text[] =
     "                   it keeps a second copy of the weights on the GPU, in the order it reads them)\n"
     "  --cluster-step, --no-cluster-step  GPU: a small INT8 model's decode step with its layers on\n"
     "                   one cluster of 16 SMs and its classifier on the others (H100/H200;\n"
-    "                   experimental, default off; up to 512 positions, then the other path; it\n"
-    "                   keeps a second copy of the weights on the GPU)\n"
+    "                   default: on where the model fits it; up to 512 positions, then the other\n"
+    "                   path; it keeps a second copy of the weights on the GPU)\n"
     "  -h, --help       this text\n";
 
 static void usage(const char *why) {

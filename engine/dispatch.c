@@ -54,8 +54,8 @@ void resolve_gpu_options(GpuOptions *opt, double weight_bytes_per_token) {
     opt->tma_gemv = opt->tma_gemv && gpu_has_sm90a();
     if (opt->pdl == GPU_AUTO) opt->pdl = weight_bytes_per_token < PDL_MAX_BYTES || opt->tma_gemv;
     if (opt->megakernel == GPU_AUTO) opt->megakernel = weight_bytes_per_token >= MEGAKERNEL_MIN_BYTES && gpu_has_sm90a();
-    // off unless asked for: faster than the default on the small shapes measured on an H100
-    // (bench/NOTES.md 117), not yet on the H200 or with the GPU suite run on it as the default
-    if (opt->cluster_step == GPU_AUTO) opt->cluster_step = 0;
+    // tried on every INT8 model: it runs small models only (cuda/cluster_step.cuh's limits), and on
+    // those it is ahead of the megakernel and of a kernel per matrix (NOTES 117, 118)
+    if (opt->cluster_step == GPU_AUTO) opt->cluster_step = gpu_has_sm90a() ? GPU_WHERE_IT_FITS : 0;
 }
 #endif

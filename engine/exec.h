@@ -152,7 +152,8 @@ void cpu_exec_init(Exec *e, const Model *m, int n_seqs, int context);
 void cpu_exec_int8_prefill(Exec *e, int on);
 
 typedef enum { PATH_FUSED, PATH_UNFUSED, PATH_FP16 } GpuPath;
-#define GPU_AUTO -1   // an option the executor sets from the model's size (dispatch.c)
+#define GPU_AUTO -1            // an option the executor sets from the model's size (dispatch.c)
+#define GPU_WHERE_IT_FITS 2    // a step kernel the executor tries, silently not used where it cannot run
 typedef struct {
     GpuPath path;       // how INT8 linear layers run (FP32 checkpoints: cuBLAS FP32, or FP16 with PATH_FP16)
     int use_graph;      // capture each step (a decode step, a batch step) once as a CUDA graph, then replay it

@@ -436,7 +436,8 @@ static void make_half_weights(GpuExec *g, const Config *c, size_t all_elems) {
 // ops recording their stages (the embedding row; per layer q, k and v with the norm, biases, RoPE
 // and KV store, attention, the output projection + residual, w1 and w3 with the SwiGLU, w2 +
 // residual; the classifier): the same calls, on the same buffers, as the per-matrix path's
-// decode step. Each that cannot run here says why, and the step runs a kernel per matrix.
+// decode step. Each asked for that cannot run here says why (the cluster step tried by default does
+// not), and the step runs a kernel per matrix or the megakernel.
 static void make_step_kernels(Exec *e, int mega, int cluster) {
     const Config *p = &e->cfg;
     GpuExec *g = GPU(e);
@@ -448,7 +449,7 @@ static void make_step_kernels(Exec *e, int mega, int cluster) {
     char no[ERR_LEN];
     if (mega && !(g->mega = gpu_mega_create(g->ctx, g->record, g->recorded, at, no)))
         fprintf(stderr, "run: the decode step runs a kernel per matrix: the megakernel cannot run here (%s)\n", no);
-    if (cluster && !(g->cluster = gpu_cluster_create(g->ctx, g->record, g->recorded, at, no)))
+    if (cluster && !(g->cluster = gpu_cluster_create(g->ctx, g->record, g->recorded, at, no)) && cluster != GPU_WHERE_IT_FITS)
         fprintf(stderr, "run: the decode step runs without the cluster step: it cannot run here (%s)\n", no);
     free(g->record);
     g->record = NULL;

@@ -2,8 +2,8 @@
 # compute-sanitizer over the GPU tests (tests/test_run_gpu --gpu-only --quick: every kernel and
 # both executors on random models, stories260K and the split-attention model; not the 7B-shaped
 # one, which takes too long instrumented) and over a short generation on each GPU path: fused
-# (graph and plain launches), --unfused, --fp16, FP32 cuBLAS, the cluster step (FP16 and FP32
-# caches), and a prompt prefilled on the tensor cores then decoded as --batch 4. Each of
+# (the default, the cluster step where the GPU has it; and a kernel per matrix, graph and plain
+# launches; FP16 and FP32 caches), --unfused, --fp16, FP32 cuBLAS, and a prompt prefilled on the tensor cores then decoded as --batch 4. Each of
 # memcheck, racecheck, initcheck and synccheck must report nothing. Ends with "N passed, N
 # failed, N skipped".
 # Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch random long
@@ -27,7 +27,8 @@ if [ "${SUITE:-1}" != 0 ]; then
     for p in ${PARTS:-linear batch random long real}; do echo "tests/test_run_gpu --gpu-only --quick --gpu-part $p models"; done
 fi > "$targets"
 if [ "${GENS:-1}" != 0 ]; then
-    for flags in "" "--no-graph --no-pdl" "--unfused" "--fp16" "--kv-fp32" "--cluster-step" "--cluster-step --kv-fp32"; do
+    for flags in "" "--no-graph --no-pdl" "--kv-fp32" "--no-cluster-step" "--no-cluster-step --no-graph --no-pdl" \
+        "--no-cluster-step --kv-fp32" "--unfused" "--fp16"; do
         echo "./run $q8 -z $T -n 48 -t 0 $flags"
     done
     echo "./run $f32 -z $T -n 48 -t 0"
