@@ -225,8 +225,9 @@ __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { re
 // the attention's (its first head) 1 the keys landed, 2 the scores, 3 their maximum, 4 the
 // exponentials' sum, 5 the values landed, 6 the weighted sums, 7 the outputs sent; 9 the hop's
 // work done, 10 its end (as 9 since the sends count on the receivers' barriers; before, the
-// warp's arrival on them); 11 and 12 %globaltimer at 0 and 10. 0: not reached.
-constexpr int kCsTicks = 13;
+// warp's arrival on them); 11 and 12 %globaltimer at 0 and 10; CS_TWICE's 13 its warps together
+// before the first of x's two stagings, 14 that staging done (2: the second). 0: not reached.
+constexpr int kCsTicks = 15;
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -511,6 +512,14 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
     CsLaneX lx;
+#ifdef CS_TWICE
+    // (a measurement build, with CS_TRACE: x's digits staged twice, the warps together before the
+    // first; the second's code is then in the instruction caches and its warps start together too)
+    cs_consumers_sync();
+    ring.tick(13);
+    cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+    ring.tick(14);
+#endif
     const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
     if (h.gamma) ring.release(0);
@@ -1202,6 +1211,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
 // warp's end anywhere in the cluster, and from that end to the next hop's inputs (the hand-over).
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
     const int n = c->p.n_hops, R = c->p.cluster;
+    const int shown[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14};   // the phases' ticks, then CS_TWICE's
     const size_t words = (size_t)R * n * kCsWarps * kCsTicks;
     unsigned long long *t = (unsigned long long *)malloc(words * sizeof(unsigned long long));
     if (!t) return;
@@ -1230,14 +1240,14 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
                 for (int w = 0; w < kCsWarps; w++) {
                     const unsigned long long *k = at(r, i, w);
                     if (!k[0]) continue;
-                    for (int j = 1; j <= 10; j++)
+                    for (int j : shown)
                         if (k[j]) mean[j] += (double)(k[j] - k[0]), mean_n[j]++;
                     first = k[11] < first ? k[11] : first, last = k[12] > last ? k[12] : last;
                     if (slow < 0 || k[12] > at(r, i, slow)[12]) slow = w;
                 }
                 if (slow < 0) continue;
                 const unsigned long long *k = at(r, i, slow);
-                for (int j = 1; j <= 10; j++)
+                for (int j : shown)
                     if (k[j]) crit[j] += (double)(k[j] - k[0]), crit_n[j]++;
             }
             if (!last) continue;
@@ -1251,10 +1261,10 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
                 }
         }
         fprintf(stderr, "cluster step ticks, %s: first input to the last warp's end %.0f ns, from there to the next inputs %.0f ns; "
-                "from a warp's input to its tick 1..10, ns, the mean warp:", names[kind], spans ? span / spans : 0, gaps ? gap / gaps : 0);
-        for (int j = 1; j <= 10; j++) fprintf(stderr, " %.0f", mean_n[j] ? mean[j] / mean_n[j] * ns_a_cycle : -1.0);
+                "from a warp's input to its tick 1..10, 13, 14, ns, the mean warp:", names[kind], spans ? span / spans : 0, gaps ? gap / gaps : 0);
+        for (int j : shown) fprintf(stderr, " %.0f", mean_n[j] ? mean[j] / mean_n[j] * ns_a_cycle : -1.0);
         fprintf(stderr, "; each block's last warp:");
-        for (int j = 1; j <= 10; j++) fprintf(stderr, " %.0f", crit_n[j] ? crit[j] / crit_n[j] * ns_a_cycle : -1.0);
+        for (int j : shown) fprintf(stderr, " %.0f", crit_n[j] ? crit[j] / crit_n[j] * ns_a_cycle : -1.0);
         fprintf(stderr, "\n");
     }
     free(t);
