@@ -166,7 +166,7 @@ typedef struct {
     int no_norm_fold;   // every RMSNorm as its own kernel (else folded into the GEMV after it)
     int host_sample;    // sampled tokens drawn on the host (else on the GPU)
     int megakernel;     // a decode step as one persistent kernel (INT8, fused path): 1, 0, or GPU_AUTO
-    int cluster_step;   // a small model's decode step on one thread-block cluster (INT8, fused path): 1, 0, or GPU_AUTO
+    int cluster_step;   // a small model's decode step on one thread-block cluster (INT8, fused path): 1, 0, GPU_AUTO, or GPU_WHERE_IT_FITS
 } GpuOptions;
 // The defaults: what run does without options.
 #define GPU_DEFAULTS                                                                                              \
