@@ -82,7 +82,7 @@ if [ -f models/stories260K.bin ]; then
     [ -f "$out/stories260K.q8.bin" ] || ./quantize models/stories260K.bin "$out/stories260K.q8.bin" > /dev/null
     for flags in "" "--no-cluster-step"; do
         ./run "$out/stories260K.q8.bin" -z models/tok512.bin -n 512 -t 0 $flags > /dev/null 2> "$out/run.err"
-        awk -v flags="$flags" '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused " flags " (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
+        awk -v flags="$flags" '/decode/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tok/s;" && $(i-1) == "decode") print "stories260K int8 fused, " (flags ? flags : "the default") " (real model, 512 positions): " $i " tok/s decode" }' "$out/run.err"
     done
 fi
 # prefill: a 512-token prompt in one chunk (tensor cores: wgmma) against decoding one token per forward
