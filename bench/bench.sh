@@ -111,8 +111,7 @@ sampled "batch 1, on the host" "--host-sample"
 sampled "--batch 16, on the GPU" "--batch 16"
 sampled "--batch 16, on the host" "--batch 16 --host-sample"
 # speedups of the default fused path over the baselines, same run
-awk -F'|' '{ t[$1] = $4 } END {
-    f = t["7b int8 fused (megakernel, FP16 KV)"]
+awk -F'|' '{ t[$1] = $4; if (index($1, "7b int8 fused (FP16 KV)") == 1) f = $4 } END {   # (the default row: its label names its step kernel)
     printf "7b speedup of fused: %.2fx over --unfused, %.2fx over --fp16 cuBLAS", f / t["7b int8 --unfused (dequant + cuBLAS)"], f / t["7b --fp16 (cuBLAS, converted at load)"]
     if (t["7b fp32 cuBLAS"]) printf ", %.2fx over fp32 cuBLAS", f / t["7b fp32 cuBLAS"]
     printf "\n" }' "$rows"
