@@ -512,15 +512,21 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
     CsLaneX lx;
+    float inv_rms;
 #ifdef CS_TWICE
-    // (a measurement build, with CS_TRACE: x's digits staged twice, the warps together before the
-    // first; the second's code is then in the instruction caches and its warps start together too)
+    // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
+    // warps together before the first pass; if a phase's cost is its code's fetch, the second pass
+    // is the cheaper one)
     cs_consumers_sync();
     ring.tick(13);
-    cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-    ring.tick(14);
+#pragma unroll 1
+    for (int pass = 0; pass < 2; pass++) {
+        inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+        if (pass == 0) ring.tick(14);
+    }
+#else
+    inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
-    const float inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
     ring.tick(2);
     if (h.gamma) ring.release(0);
     lx.load(s->digits, s->u, h.K, h.group_chunks);

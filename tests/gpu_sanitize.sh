@@ -29,13 +29,17 @@ fi > "$targets"
 if [ "${GENS:-1}" != 0 ]; then
     for flags in "" "--no-graph --no-pdl" "--kv-fp32" "--no-cluster-step" "--no-cluster-step --no-graph --no-pdl" \
         "--no-cluster-step --kv-fp32" "--unfused" "--fp16"; do
-        echo "./run $q8 -z $T -n 48 -t 0 $flags"
+        echo "./run $q8 -z $T -n STEPS -t 0 $flags"
     done
-    echo "./run $f32 -z $T -n 48 -t 0"
+    echo "./run $f32 -z $T -n STEPS -t 0"
     echo "./run $q8 -z $T -n 48 -t 0.8 -p Once.upon.a.time.there.was.a.little.girl --batch 4"
 fi >> "$targets"
 for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
-    while IFS= read -r target; do echo "$tool $target"; done < "$targets"
+    # (racecheck follows every shared-memory access: the cluster step's hops keep x, the residual
+    # stream and the weights' ring there, so its single-sequence generations are 8 positions, not
+    # 48; the batch's prompt alone is 28)
+    steps=48; [ "$tool" = racecheck ] && steps=8
+    while IFS= read -r target; do echo "$tool $target" | sed "s/ -n STEPS / -n $steps /"; done < "$targets"
 done > "$dir/jobs"
 # One (tool, target) run; its output in $dir/N.log, its exit status in $dir/N.rc.
 run_one() {
