@@ -3,11 +3,29 @@
 # layer), on the GPU machine: DRAM bytes read and written and DRAM throughput for each kernel, so
 # the traffic fusion saves is measured, not asserted; then the fused kernel's issue and stall
 # profile. Usage: bench/ncu.sh [N K]
+#   bench/ncu.sh step [MODEL]: one launch of a decode step's kernel (KERNEL, a regex, default the
+#   cluster step's layers kernel; MODEL a quantize --synthetic preset, default stories15m), the
+#   120th of a 200-token greedy run without the graph: its issue rate, the warps' stall samples by
+#   reason and by instruction, and its instruction mix (the source page, SASS; the out-of-line code
+#   after the last EXIT, the waits' retry loops and slow paths, counted apart).
 set -eu
 cd "$(dirname "$0")/.."
+NCU=${NCU:-ncu}
+if [ "${1:-}" = step ]; then
+    make -s run quantize tokenizer.bin
+    out=bench/out; mkdir -p $out
+    . bench/lib.sh   # synth
+    rep=$out/ncu_step
+    $NCU -f -o $rep --set full --kernel-name "regex:${KERNEL:-cs_layers_kernel}" --launch-skip 120 --launch-count 1 \
+        ./run "$(synth "${2:-stories15m}")" -z tokenizer.bin -p "Once upon a time" -n 200 -t 0 --no-graph > $out/ncu_step.log 2>&1 ||
+        { tail -5 $out/ncu_step.log; exit 1; }
+    $NCU -i $rep.ncu-rep --page details --print-details all | grep -E '^ +(Duration|SM Frequency|Registers Per Thread|Active Warps Per Scheduler|Issued Warp Per Scheduler|No Eligible) ' | sort -u
+    $NCU -i $rep.ncu-rep --page source --csv --print-source sass > $out/ncu_step.csv
+    awk -F'","' -f bench/ncu_source.awk $out/ncu_step.csv $out/ncu_step.csv
+    exit 0
+fi
 N=${1:-4096} K=${2:-11008}
 make -s bench/kernel_bench
-NCU=${NCU:-ncu}
 metrics=dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum
 echo "== DRAM traffic per kernel ($N x $K, M = 1): fused q8_matmul vs unfused dequant + cuBLAS gemv"
 $NCU --clock-control none --kernel-name regex:'q8_matmul|dequant|gemv|gemm' --metrics $metrics \

@@ -36,9 +36,9 @@ if [ "${GENS:-1}" != 0 ]; then
 fi >> "$targets"
 for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
     # (racecheck follows every shared-memory access: the cluster step's hops keep x, the residual
-    # stream and the weights' ring there, so its single-sequence generations are 8 positions, not
+    # stream and the weights' ring there, so its single-sequence generations are 6 positions, not
     # 48; the batch's prompt alone is 28)
-    steps=48; [ "$tool" = racecheck ] && steps=8
+    steps=48; [ "$tool" = racecheck ] && steps=6
     while IFS= read -r target; do echo "$tool $target" | sed "s/ -n STEPS / -n $steps /"; done < "$targets"
 done > "$dir/jobs"
 # One (tool, target) run; its output in $dir/N.log, its exit status in $dir/N.rc.
