@@ -226,8 +226,10 @@ __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { re
 // exponentials' sum, 5 the values landed, 6 the weighted sums, 7 the outputs sent; 9 the hop's
 // work done, 10 its end (as 9 since the sends count on the receivers' barriers; before, the
 // warp's arrival on them); 11 and 12 %globaltimer at 0 and 10; CS_TWICE's 13 its warps together
-// before the first of x's two stagings, 14 that staging done (2: the second). 0: not reached.
-constexpr int kCsTicks = 15;
+// before the first of x's two stagings, 14 that staging done (2: the second); a linear hop's 15
+// and 16 the warp's second batch begun (its piece landed) and its outputs sent, 17 and 18 its third
+// batch's. 0: not reached.
+constexpr int kCsTicks = 19;
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -533,6 +535,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     ring.stamp_mark();
     ring.tick(3);
     bool first = true;
+    int batch = 0;   // (the warp's batches so far: CS_TRACE's ticks of its second and third)
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
@@ -540,6 +543,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (first) ring.tick(4);
+            else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (first) ring.tick(5);
@@ -556,7 +560,8 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (first) ring.tick(7);
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
             if (first) ring.tick(8);
-            first = false;
+            else if (batch < 3) ring.tick(14 + 2 * batch);
+            first = false, batch++;
         }
         __syncwarp();
         ring.release(piece);
@@ -1217,7 +1222,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
 // warp's end anywhere in the cluster, and from that end to the next hop's inputs (the hand-over).
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
     const int n = c->p.n_hops, R = c->p.cluster;
-    const int shown[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14};   // the phases' ticks, then CS_TWICE's
+    const int shown[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14, 15, 16, 17, 18};   // the phases' ticks, CS_TWICE's, the later batches
     const size_t words = (size_t)R * n * kCsWarps * kCsTicks;
     unsigned long long *t = (unsigned long long *)malloc(words * sizeof(unsigned long long));
     if (!t) return;
@@ -1267,7 +1272,7 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
                 }
         }
         fprintf(stderr, "cluster step ticks, %s: first input to the last warp's end %.0f ns, from there to the next inputs %.0f ns; "
-                "from a warp's input to its tick 1..10, 13, 14, ns, the mean warp:", names[kind], spans ? span / spans : 0, gaps ? gap / gaps : 0);
+                "from a warp's input to its tick 1..10, 13..18, ns, the mean warp (of those that reach it):", names[kind], spans ? span / spans : 0, gaps ? gap / gaps : 0);
         for (int j : shown) fprintf(stderr, " %.0f", mean_n[j] ? mean[j] / mean_n[j] * ns_a_cycle : -1.0);
         fprintf(stderr, "; each block's last warp:");
         for (int j : shown) fprintf(stderr, " %.0f", crit_n[j] ? crit[j] / crit_n[j] * ns_a_cycle : -1.0);
