@@ -371,17 +371,38 @@ struct CsLaneXOf {
     float u[kChunks];
     int scale[kChunks];
     int chunks;
+    int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (below: CS_TAIL_ITEMS)
+#ifdef CS_TAIL_ITEMS
+    // (a measurement build: when the chunks past the last full pass over the lanes are t <= 4, a
+    // pass of a lane a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row,
+    // chunk) item (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
+    int tail_row, tail_c, tail_scale;   // tail_row 8: no item
+    uint4 tail_d[3];
+    float tail_u;
+#endif
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
         const int lane = threadIdx.x % 32;
         chunks = (K + 15) / 16;
+        full = chunks;
+#ifdef CS_TAIL_ITEMS
+        const int t = chunks % 32;
+        if (t <= 4) full = chunks - t;
+        tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
+        for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
+        if (full < chunks && lane < 8 * t) {
+            tail_row = lane / t, tail_c = full + lane % t;
+            tail_u = u_of[tail_c / 8], tail_scale = tail_c / group_chunks;
+            for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
+        }
+#endif
 #pragma unroll
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
-            u[j] = c < chunks ? u_of[c / 8] : 0.0f;
+            u[j] = c < full ? u_of[c / 8] : 0.0f;
             scale[j] = min(c, chunks - 1) / group_chunks;   // (a chunk past K: its row's last group, times 0)
 #pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < chunks ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
     }
 };
@@ -405,7 +426,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int r = 0; r < 8; r++) acc[r] = 0.0f;
 #pragma unroll
     for (int j = 0; j < LaneX::kMaxChunks; j++) {
-        if (32 * j >= x.chunks) break;   // (the warp's lanes alike)
+        if (32 * j >= x.full) break;   // (the warp's lanes alike)
         const int c = min(lane + 32 * j, x.chunks - 1);
         uint4 w[8];
         float scale[8];
@@ -422,6 +443,21 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
+#ifdef CS_TAIL_ITEMS
+    if (x.full < x.chunks) {   // (the warp's lanes alike) this lane's (row, chunk) item of the tail
+        const int r = x.tail_row;
+        float v = 0.0f;
+        if (r < 8) {
+            const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
+            const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
+            const float sum = (float)cs_dot4(w, x.tail_d[0]) + (float)cs_dot4(w, x.tail_d[1]) * (1.0f / 254.0f) +
+                              (float)cs_dot4(w, x.tail_d[2]) * (1.0f / (254.0f * 254.0f));
+            v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * sum;
+        }
+#pragma unroll
+        for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
+    }
+#endif
 #pragma unroll
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
