@@ -362,6 +362,27 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     return inv_rms_of(ss, K, eps);
 }
 
+// A chunk's group of the weights' scales, c / group_chunks. CS_LEAN_INDEX (a measurement build):
+// by the reciprocal, which is exact for c and group_chunks below 2^12: (c + 1/2) / group_chunks lies
+// at least 1 / (2 group_chunks) from an integer, and the two roundings move it by under 2^-22 of
+// itself. (The division at run time is a chain of a dozen integer instructions a chunk, NOTES 120.)
+struct CsGroupOf {
+    int group_chunks;
+    float inv;
+    __device__ explicit CsGroupOf(int gc) : group_chunks(gc), inv(0.0f) {
+#ifdef CS_LEAN_INDEX
+        inv = __frcp_rn((float)gc);
+#endif
+    }
+    __device__ int operator()(int c) const {
+#ifdef CS_LEAN_INDEX
+        return (int)(((float)c + 0.5f) * inv);
+#else
+        return c / group_chunks;
+#endif
+    }
+};
+
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
 // steps and the weights' scale of each.
 template <int kChunks>
@@ -383,6 +404,7 @@ struct CsLaneXOf {
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
         const int lane = threadIdx.x % 32;
+        const CsGroupOf group_of(group_chunks);
         chunks = (K + 15) / 16;
         full = chunks;
 #ifdef CS_TAIL_ITEMS
@@ -392,7 +414,7 @@ struct CsLaneXOf {
         for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
         if (full < chunks && lane < 8 * t) {
             tail_row = lane / t, tail_c = full + lane % t;
-            tail_u = u_of[tail_c / 8], tail_scale = tail_c / group_chunks;
+            tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
             for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
         }
 #endif
@@ -400,7 +422,7 @@ struct CsLaneXOf {
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
             u[j] = c < full ? u_of[c / 8] : 0.0f;
-            scale[j] = min(c, chunks - 1) / group_chunks;   // (a chunk past K: its row's last group, times 0)
+            scale[j] = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
 #pragma unroll
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
@@ -508,7 +530,12 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
 // piece at a time, the first warps would do all the work of the long rows).
 __device__ __forceinline__ int cs_first_batch(int r0) {
     const int warp = threadIdx.x / 32;
+#ifdef CS_LEAN_INDEX   // (r0 >= 0 and kCsWarps a power of two: the signed modulo as a mask)
+    static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two");
+    return 8 * ((warp - (r0 >> 3)) & (kCsWarps - 1));
+#else
     return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
+#endif
 }
 
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
