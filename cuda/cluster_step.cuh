@@ -437,6 +437,11 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
+// A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
+__device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
+    return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
+}
+
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
 // shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
 // arithmetic, with no branch between them (rows past n read row n - 1's bytes, a lane past K its
@@ -460,8 +465,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            const float sum = (float)cs_dot4(w[r], x.d[j][0]) + (float)cs_dot4(w[r], x.d[j][1]) * (1.0f / 254.0f) +
-                              (float)cs_dot4(w[r], x.d[j][2]) * (1.0f / (254.0f * 254.0f));
+            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
@@ -472,9 +476,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         if (r < 8) {
             const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
             const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-            const float sum = (float)cs_dot4(w, x.tail_d[0]) + (float)cs_dot4(w, x.tail_d[1]) * (1.0f / 254.0f) +
-                              (float)cs_dot4(w, x.tail_d[2]) * (1.0f / (254.0f * 254.0f));
-            v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * sum;
+            v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
         }
 #pragma unroll
         for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
@@ -597,34 +599,33 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     lx.load(s->digits, s->u, h.K, h.group_chunks);
     ring.stamp_mark();
     ring.tick(3);
-    bool first = true;
-    int batch = 0;   // (the warp's batches so far: CS_TRACE's ticks of its second and third)
+    int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const unsigned char *bytes = ring.wait(piece);
         const int in_piece = min(h.rows_per_piece, mine - r0);
         for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
-            if (first) ring.tick(4);
+            if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-            if (first) ring.tick(5);
+            if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
-            if (first) ring.tick(6);
+            if (batch == 0) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
             float out = v;
             if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * (1.0f / (1.0f + expf(-v))) * other;
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
-            if (first) ring.tick(7);
+            if (batch == 0) ring.tick(7);
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
-            if (first) ring.tick(8);
+            if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
-            first = false, batch++;
+            batch++;
         }
         __syncwarp();
         ring.release(piece);
