@@ -21,6 +21,10 @@ function class_of(op) {
 FNR == 1 { pass++ }
 pass == 1 && FNR == 2 {
     for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i; name[i] = h }
+    if (!("Warp Stall Sampling (All Samples)" in col) || !("Instructions Executed" in col)) {
+        print "ncu_source.awk: " FILENAME ": no 'Warp Stall Sampling (All Samples)' or 'Instructions Executed' column (not ncu's source page as CSV?)" > "/dev/stderr"
+        bad = 1; exit 1
+    }
     next
 }
 pass == 1 && FNR > 2 && NF > 10 {
@@ -38,6 +42,8 @@ pass == 2 && FNR > 2 && NF > 10 {
     top[at] = s; text[at] = src
 }
 END {
+    if (bad) exit 1
+    if (main == 0) { print "ncu_source.awk: " FILENAME ": no instructions executed in the source page" > "/dev/stderr"; exit 1 }
     printf "stall samples: %d (%d of them after the last EXIT: retry loops, slow paths)\n", samples, outline_s
     for (r in by_reason) if (by_reason[r] > 0) printf "  %5.1f%%  %s\n", 100 * by_reason[r] / samples, r | "sort -nr"
     close("sort -nr")
