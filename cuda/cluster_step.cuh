@@ -263,6 +263,8 @@ struct CsRing {
         return at(i);
     }
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }
+    // n arrivals at once on piece i's slot's empty barrier, for n threads that never read it
+    __device__ void release_for(int i, int n) const { mbar_arrive_n(cs_saddr(&s->empty[(base + i) % kCsSlots]), n); }
 };
 // Who releases a ring slot: every consumer thread, its own reads released, as the megakernel's
 // consumers do (compute-sanitizer's racecheck reported one lane a warp releasing for the others
@@ -359,28 +361,24 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     if (!gamma) return 1.0f;
     float ss = 0.0f;
     for (int g = 0; g < G; g++) ss += ss_out[g];
+#ifdef CS_FAST_RMS
+    // (a measurement build, NOTES 128-129: the norm's scale by the fast division and reciprocal
+    // square root, a few ulp from the IEEE form, without that form's slow paths and their branches)
+    return rsqrtf(__fdividef(ss, (float)K) + eps);
+#else
     return inv_rms_of(ss, K, eps);
+#endif
 }
 
-// A chunk's group of the weights' scales, c / group_chunks. CS_LEAN_INDEX (a measurement build):
-// by the reciprocal, which is exact for c and group_chunks below 2^12: (c + 1/2) / group_chunks lies
-// at least 1 / (2 group_chunks) from an integer, and the two roundings move it by under 2^-22 of
-// itself. (The division at run time is a chain of a dozen integer instructions a chunk, NOTES 120.)
+// A chunk's group of the weights' scales, c / group_chunks, by the reciprocal, which is exact for c
+// below 2^12 (here below kCsMaxX / 16): (c + 1/2) / group_chunks lies at least 1 / (2 group_chunks)
+// from an integer, and the two roundings move it by under 2^-22 of itself (checked on the host for
+// every pair below 2^12; a larger group_chunks than c gives 0). A division at run time is a chain
+// of a dozen integer instructions a chunk (NOTES 120, 124).
 struct CsGroupOf {
-    int group_chunks;
     float inv;
-    __device__ explicit CsGroupOf(int gc) : group_chunks(gc), inv(0.0f) {
-#ifdef CS_LEAN_INDEX
-        inv = __frcp_rn((float)gc);
-#endif
-    }
-    __device__ int operator()(int c) const {
-#ifdef CS_LEAN_INDEX
-        return (int)(((float)c + 0.5f) * inv);
-#else
-        return c / group_chunks;
-#endif
-    }
+    __device__ explicit CsGroupOf(int group_chunks) : inv(0.0f) { inv = __frcp_rn((float)group_chunks); }
+    __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
 };
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
@@ -531,13 +529,8 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
 // a hop's batches dealt round the warps across its pieces (a slot holds 8 to 48 rows: dealt a
 // piece at a time, the first warps would do all the work of the long rows).
 __device__ __forceinline__ int cs_first_batch(int r0) {
-    const int warp = threadIdx.x / 32;
-#ifdef CS_LEAN_INDEX   // (r0 >= 0 and kCsWarps a power of two: the signed modulo as a mask)
-    static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two");
-    return 8 * ((warp - (r0 >> 3)) & (kCsWarps - 1));
-#else
-    return 8 * ((warp - r0 / 8 % kCsWarps + kCsWarps) % kCsWarps);
-#endif
+    static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two (r0 >= 0: the modulo as a mask)");
+    return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));
 }
 
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
@@ -603,9 +596,17 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
+        const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch(r0);
         const unsigned char *bytes = ring.wait(piece);
-        const int in_piece = min(h.rows_per_piece, mine - r0);
-        for (int b = cs_first_batch(r0); b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
+#ifdef CS_WARP_PIECES
+        // (a measurement build: a warp releases only the pieces that hold one of its batches; the
+        // warp of a piece's first batch arrives on the slot's empty barrier for the warps that have
+        // none. Every warp still waits for every piece: a wait tells a phase by its parity only, so a
+        // warp that skipped a piece's wait could take that phase's end for the end of the slot's
+        // next piece's)
+        if (first >= in_piece) continue;   // (the warp's lanes alike)
+#endif
+        for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
@@ -629,6 +630,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         }
         __syncwarp();
         ring.release(piece);
+#ifdef CS_WARP_PIECES   // (after its wait for the piece: so in that piece's phase)
+        const int users = min(kCsWarps, (in_piece + 7) / 8);
+        if (first == 0 && lane == 0 && users < kCsWarps) ring.release_for(piece, 32 * (kCsWarps - users));
+#endif
     }
     return piece;
 }
