@@ -263,8 +263,6 @@ struct CsRing {
         return at(i);
     }
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }
-    // n arrivals at once on piece i's slot's empty barrier, for n threads that never read it
-    __device__ void release_for(int i, int n) const { mbar_arrive_n(cs_saddr(&s->empty[(base + i) % kCsSlots]), n); }
 };
 // Who releases a ring slot: every consumer thread, its own reads released, as the megakernel's
 // consumers do (compute-sanitizer's racecheck reported one lane a warp releasing for the others
@@ -598,14 +596,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch(r0);
         const unsigned char *bytes = ring.wait(piece);
-#ifdef CS_WARP_PIECES
-        // (a measurement build: a warp releases only the pieces that hold one of its batches; the
-        // warp of a piece's first batch arrives on the slot's empty barrier for the warps that have
-        // none. Every warp still waits for every piece: a wait tells a phase by its parity only, so a
-        // warp that skipped a piece's wait could take that phase's end for the end of the slot's
-        // next piece's)
-        if (first >= in_piece) continue;   // (the warp's lanes alike)
-#endif
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
@@ -630,10 +620,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         }
         __syncwarp();
         ring.release(piece);
-#ifdef CS_WARP_PIECES   // (after its wait for the piece: so in that piece's phase)
-        const int users = min(kCsWarps, (in_piece + 7) / 8);
-        if (first == 0 && lane == 0 && users < kCsWarps) ring.release_for(piece, 32 * (kCsWarps - users));
-#endif
     }
     return piece;
 }

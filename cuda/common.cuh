@@ -170,12 +170,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #endif
 }
-// n arrivals (1 <= n < 2^20) at once, no bytes.
-__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, int n) {
-#if WG_SM90A
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(n) : "memory");
-#endif
-}
 __device__ __forceinline__ void mbar_init_fence() {
 #if WG_SM90A
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
