@@ -1,0 +1,248 @@
+// bench/exchange_probe.cu: what a hand-over between the blocks of one cluster of 16 costs, alone,
+// in the forms a small model's layer could take in the cluster step (bench/NOTES.md 130). Each
+// round every block waits for its input (its own mbarrier, completed by the bytes of the others'
+// st.async, as cuda/cluster_step.cuh's hops do), makes its outputs from that input (an add or two
+// each, so that every round depends on the one before) and sends them:
+//   gather    each block makes D / 16 of D outputs and sends them to every block: the cluster
+//             step's hop with its work left out (no x staged, no rows, no epilogue)
+//   scatter   S of the 16 blocks each make a partial of all D outputs (a split-K matrix's, over
+//             the block's own columns) and send each block its D / 16 slice; each block sums the
+//             S partials of its slice and sends the sums to every block: two exchanges a round
+//   all       all 16 blocks send their whole partial of D to every block, and every block sums
+//             the 16 partials of all D: one exchange a round, 16 x D floats into each block
+// Prints ns a round: (the time of 3000 rounds - that of 1000) / 2000, each the median of 5
+// launches timed by events, so that the launch and the first round are left out. A wait that has
+// not ended after about 2 s prints which and traps, so the launch fails instead of hanging.
+// make bench/exchange_probe && ./bench/exchange_probe
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "probe.h"   // CK
+
+namespace {
+
+constexpr int kC = 16, kThreads = 256, kMaxD = 1024, kShareMax = kMaxD / kC;
+enum Form { GATHER, SCATTER, ALL };
+
+struct Smem {
+    float in[2][kMaxD];                  // a round's gathered input (round parity)
+    float part[2][kC][kShareMax];        // scatter: the sources' partials of this block's slice
+    float all[2][kC][kMaxD];             // all: every block's whole partial
+    unsigned long long bar[2], pbar[2];  // in's and all's barrier; part's
+};
+
+__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint32_t remote(uint32_t a, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void send1(uint32_t a, uint32_t bar, int rank, float v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote(a, rank)),
+                 "r"(__float_as_uint(v)), "r"(remote(bar, rank))
+                 : "memory");
+}
+__device__ __forceinline__ void send4(uint32_t a, uint32_t bar, int rank, float4 v) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(remote(a, rank)),
+                 "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)),
+                 "r"(remote(bar, rank))
+                 : "memory");
+}
+__device__ __forceinline__ void arm(uint32_t bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Waits for the phase of parity `parity` with cluster-scope acquire (the senders are other
+// blocks), as the cluster step's hops wait for their inputs (cta: with the default cta-scope
+// acquire instead, which the memory model does not make enough for other blocks' stores: a
+// measurement of what the scope costs); traps after about 2 s.
+__device__ void wait(uint32_t bar, int parity, int round, bool cta) {
+    const long long t0 = clock64();
+    for (;;) {
+        uint32_t done;
+        if (cta)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (done) return;
+        if (clock64() - t0 > 4000000000ll) {
+            printf("exchange_probe: block %d thread %d waited too long in round %d\n", blockIdx.x, threadIdx.x, round);
+            __trap();
+        }
+    }
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ int cta_rank() {
+    int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Sends n consecutive floats of src (this block's, shared) at offset `at` of every block's dst
+// (or only block `to`, when to >= 0), 4 a send where n and at allow it; the block's threads
+// share the sends, each sending what it has read.
+__device__ void send_run(const float *src, float *dst, int at, int n, uint32_t bar, int to) {
+    const int dests = to >= 0 ? 1 : kC;
+    if (n % 4 == 0 && at % 4 == 0) {
+        for (int i = threadIdx.x; i < n / 4 * dests; i += kThreads) {
+            const int q = i % (n / 4), d = to >= 0 ? to : i / (n / 4);
+            send4(saddr(dst + at + 4 * q), bar, d, *reinterpret_cast<const float4 *>(src + 4 * q));
+        }
+    } else {
+        for (int i = threadIdx.x; i < n * dests; i += kThreads) {
+            const int q = i % n, d = to >= 0 ? to : i / n;
+            send1(saddr(dst + at + q), bar, d, src[q]);
+        }
+    }
+}
+
+// Sends src's D floats (this block's, shared) in slices of D / 16, slice o to block o's dst, 4 a
+// send where the slices allow it; the block's threads share the sends in one pass.
+__device__ void send_slices(const float *src, int D, float *dst, uint32_t bar) {
+    const int share = D / kC;
+    if (share % 4 == 0) {
+        for (int q = threadIdx.x; q < D / 4; q += kThreads) {
+            const int o = 4 * q / share;
+            send4(saddr(dst + 4 * q - o * share), bar, o, *reinterpret_cast<const float4 *>(src + 4 * q));
+        }
+    } else {
+        for (int i = threadIdx.x; i < D; i += kThreads) send1(saddr(dst + i % share), bar, i / share, src[i]);
+    }
+}
+
+// One launch: `rounds` rounds of form f over D outputs (S sources for SCATTER). out: scratch
+// for a block's own outputs before they are sent (so that a thread sends what it wrote itself
+// after a barrier, never another's half-written value).
+__global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int S, bool cta, int rounds, float *sink) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem *s = reinterpret_cast<Smem *>(smem_raw);
+    __shared__ __align__(16) float out[kMaxD];
+    const int rank = cta_rank(), share = D / kC, first = rank * share;
+    const int in_bytes = f == ALL ? kC * D * 4 : D * 4, part_bytes = S * share * 4;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&s->bar[i])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&s->pbar[i])));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        arm(saddr(&s->bar[0]), in_bytes);
+    }
+    for (int i = threadIdx.x; i < D; i += kThreads) out[i] = 1.0f + 0.001f * (i % 7);
+    cluster_sync();   // every block's barriers initialised before any sends
+    // round 0's input: every block's starting outputs
+    __syncthreads();
+    if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, saddr(&s->bar[0]), -1);
+    else send_run(out + first, s->in[0], first, share, saddr(&s->bar[0]), -1);
+    for (int r = 0; r < rounds; r++) {
+        const int b = r & 1;
+        wait(saddr(&s->bar[b]), (r >> 1) & 1, r, cta);
+        __syncthreads();   // every thread past this phase before the next one is armed
+        if (threadIdx.x == 0) {
+            arm(saddr(&s->bar[b ^ 1]), in_bytes);
+            if (f == SCATTER) arm(saddr(&s->pbar[b]), part_bytes);
+        }
+        if (f == GATHER) {   // its slice of the next input from this one
+            for (int i = threadIdx.x; i < share; i += kThreads) out[first + i] = 0.5f * (s->in[b][first + i] + s->in[b][(first + i + 1) % D]);
+            __syncthreads();
+            send_run(out + first, s->in[b ^ 1], first, share, saddr(&s->bar[b ^ 1]), -1);
+        } else if (f == SCATTER) {
+            if (rank < S) {   // a source: its partial of every output, each slice to its block
+                for (int i = threadIdx.x; i < D; i += kThreads) out[i] = s->in[b][i] * (0.5f + 0.01f * rank) / S;
+                __syncthreads();
+                send_slices(out, D, &s->part[b][rank][0], saddr(&s->pbar[b]));
+            }
+            wait(saddr(&s->pbar[b]), (r >> 1) & 1, r, cta);
+            __syncthreads();
+            for (int i = threadIdx.x; i < share; i += kThreads) {   // the slice's sum, then to every block
+                float v = s->in[b][first + i];
+                for (int src = 0; src < S; src++) v += s->part[b][src][i];
+                out[first + i] = 0.5f * v;
+            }
+            __syncthreads();
+            send_run(out + first, s->in[b ^ 1], first, share, saddr(&s->bar[b ^ 1]), -1);
+        } else {   // ALL: the 16 partials summed, every output, then this block's partial to every block
+            for (int i = threadIdx.x; i < D; i += kThreads) {
+                float v = 0.0f;
+                for (int src = 0; src < kC; src++) v += s->all[b][src][i];
+                out[i] = v * (0.0625f + 0.001f * rank);
+            }
+            __syncthreads();
+            send_run(out, &s->all[b ^ 1][rank][0], 0, D, saddr(&s->bar[b ^ 1]), -1);
+        }
+    }
+    wait(saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
+    if (threadIdx.x == 0 && rank == 0) *sink = f == ALL ? s->all[rounds & 1][0][0] : s->in[rounds & 1][0];
+    cluster_sync();   // no block leaves while another may still send into it
+}
+
+// The median ms of 5 launches of `rounds` rounds; -1 on an error (printed).
+float time_rounds(int f, int D, int S, bool cta, int rounds, float *sink) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kC), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = sizeof(Smem);
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = kC, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.0f;
+    std::vector<float> ms;
+    for (int k = 0; k < 5; k++) {
+        cudaError_t e = cudaEventRecord(e0);
+        if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, exchange_kernel, f, D, S, cta, rounds, sink);
+        if (e == cudaSuccess) e = cudaEventRecord(e1);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        float t = 0.0f;
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&t, e0, e1);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "exchange_probe: form %d, D %d, S %d, %d rounds: %s\n", f, D, S, rounds, cudaGetErrorString(e));
+            return -1.0f;
+        }
+        ms.push_back(t);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return ms[2];
+}
+
+}  // namespace
+
+int main() {
+    int dev = 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDevice(&dev));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major < 9) {
+        fprintf(stderr, "exchange_probe: needs sm_90 (thread-block clusters, st.async); this GPU is sm_%d%d\n", prop.major, prop.minor);
+        return 1;
+    }
+    CK(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem)));
+    CK(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    float *sink;
+    CK(cudaMalloc(&sink, sizeof(float)));
+    printf("%s, one cluster of %d blocks of %d threads; ns a round (3000 rounds - 1000, medians of 5)\n", prop.name, kC, kThreads);
+    struct Case { int f, D, S; bool cta; const char *what; };
+    const Case cases[] = {
+        {GATHER, 288, 0, false, "gather, D 288 (stories15m's dim)"},
+        {GATHER, 576, 0, false, "gather, D 576 (the SmolLM2 shape's dim)"},
+        {GATHER, 1024, 0, false, "gather, D 1024"},
+        {GATHER, 576, 0, true, "gather, D 576, cta-scope waits"},
+        {SCATTER, 288, 6, false, "scatter from 6 blocks, D 288 (stories15m's heads)"},
+        {SCATTER, 576, 9, false, "scatter from 9 blocks, D 576 (the SmolLM2 shape's heads)"},
+        {SCATTER, 576, 16, false, "scatter from 16 blocks, D 576"},
+        {SCATTER, 576, 9, true, "scatter from 9 blocks, D 576, cta-scope waits"},
+        {ALL, 288, 16, false, "all from 16 blocks, D 288"},
+        {ALL, 576, 16, false, "all from 16 blocks, D 576"},
+    };
+    for (const Case &c : cases) {
+        const float a = time_rounds(c.f, c.D, c.S, c.cta, 1000, sink), b = time_rounds(c.f, c.D, c.S, c.cta, 3000, sink);
+        if (a < 0.0f || b < 0.0f) return 1;
+        printf("  %-58s %8.1f ns a round (1000 rounds %.3f ms, 3000 %.3f ms)\n", c.what, (b - a) * 1e6f / 2000.0f, a, b);
+    }
+    CK(cudaFree(sink));
+    return 0;
+}
