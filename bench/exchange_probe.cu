@@ -10,6 +10,9 @@
 //             S partials of its slice and sends the sums to every block: two exchanges a round
 //   all       all 16 blocks send their whole partial of D to every block, and every block sums
 //             the 16 partials of all D: one exchange a round, 16 x D floats into each block
+//   gather, fused   as gather, each thread sending the outputs it makes (no block barrier
+//             between making and sending)
+//   gather, one warp   as fused, by one warp of each block: no block barrier at all
 // Prints ns a round: (the time of 3000 rounds - that of 1000) / 2000, each the median of 5
 // launches timed by events, so that the launch and the first round are left out. A wait that has
 // not ended after about 2 s prints which and traps, so the launch fails instead of hanging.
@@ -24,7 +27,7 @@
 namespace {
 
 constexpr int kC = 16, kThreads = 256, kMaxD = 1024, kShareMax = kMaxD / kC;
-enum Form { GATHER, SCATTER, ALL };
+enum Form { GATHER, SCATTER, ALL, GATHER_FUSED, GATHER_WARP };
 
 struct Smem {
     float in[2][kMaxD];                  // a round's gathered input (round parity)
@@ -50,6 +53,7 @@ __device__ __forceinline__ void send4(uint32_t a, uint32_t bar, int rank, float4
                  "r"(remote(bar, rank))
                  : "memory");
 }
+__device__ __forceinline__ float4 make4(float a, float b, float c, float d) { return make_float4(a, b, c, d); }
 __device__ __forceinline__ void arm(uint32_t bar, int bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -115,6 +119,25 @@ __device__ void send_slices(const float *src, int D, float *dst, uint32_t bar) {
     }
 }
 
+// Gather's round made and sent by the same threads (`threads` of them from thread 0): each makes
+// the outputs it sends, 4 a send where the slice allows it, so that no barrier stands between.
+__device__ void gather_fused(Smem *s, int b, int D, int first, int share, int threads) {
+    const float *x = s->in[b];
+    const uint32_t bar = saddr(&s->bar[b ^ 1]);
+    auto make = [&](int j) { return 0.5f * (x[j] + x[(j + 1) % D]); };
+    if (share % 4 == 0) {
+        for (int i = threadIdx.x; i < share / 4 * kC; i += threads) {
+            const int j = first + 4 * (i % (share / 4)), d = i / (share / 4);
+            send4(saddr(&s->in[b ^ 1][j]), bar, d, make4(make(j), make(j + 1), make(j + 2), make(j + 3)));
+        }
+    } else {
+        for (int i = threadIdx.x; i < share * kC; i += threads) {
+            const int j = first + i % share;
+            send1(saddr(&s->in[b ^ 1][j]), bar, i / share, make(j));
+        }
+    }
+}
+
 // One launch: `rounds` rounds of form f over D outputs (S sources for SCATTER). out: scratch
 // for a block's own outputs before they are sent (so that a thread sends what it wrote itself
 // after a barrier, never another's half-written value).
@@ -138,15 +161,19 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
     __syncthreads();
     if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, saddr(&s->bar[0]), -1);
     else send_run(out + first, s->in[0], first, share, saddr(&s->bar[0]), -1);
-    for (int r = 0; r < rounds; r++) {
+    const bool one_warp = f == GATHER_WARP;
+    for (int r = 0; r < rounds && !(one_warp && threadIdx.x >= 32); r++) {
         const int b = r & 1;
         wait(saddr(&s->bar[b]), (r >> 1) & 1, r, cta);
-        __syncthreads();   // every thread past this phase before the next one is armed
+        if (one_warp) __syncwarp();
+        else __syncthreads();   // every thread past this phase before the next one is armed
         if (threadIdx.x == 0) {
             arm(saddr(&s->bar[b ^ 1]), in_bytes);
             if (f == SCATTER) arm(saddr(&s->pbar[b]), part_bytes);
         }
-        if (f == GATHER) {   // its slice of the next input from this one
+        if (f == GATHER_FUSED || one_warp) {
+            gather_fused(s, b, D, first, share, one_warp ? 32 : kThreads);
+        } else if (f == GATHER) {   // its slice of the next input from this one
             for (int i = threadIdx.x; i < share; i += kThreads) out[first + i] = 0.5f * (s->in[b][first + i] + s->in[b][(first + i + 1) % D]);
             __syncthreads();
             send_run(out + first, s->in[b ^ 1], first, share, saddr(&s->bar[b ^ 1]), -1);
@@ -175,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
             send_run(out, &s->all[b ^ 1][rank][0], 0, D, saddr(&s->bar[b ^ 1]), -1);
         }
     }
-    wait(saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
+    if (!(one_warp && threadIdx.x >= 32)) wait(saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
     if (threadIdx.x == 0 && rank == 0) *sink = f == ALL ? s->all[rounds & 1][0][0] : s->in[rounds & 1][0];
     cluster_sync();   // no block leaves while another may still send into it
 }
@@ -231,6 +258,10 @@ int main() {
         {GATHER, 576, 0, false, "gather, D 576 (the SmolLM2 shape's dim)"},
         {GATHER, 1024, 0, false, "gather, D 1024"},
         {GATHER, 576, 0, true, "gather, D 576, cta-scope waits"},
+        {GATHER_FUSED, 288, 0, false, "gather, fused, D 288"},
+        {GATHER_FUSED, 576, 0, false, "gather, fused, D 576"},
+        {GATHER_WARP, 288, 0, false, "gather, one warp, D 288"},
+        {GATHER_WARP, 576, 0, false, "gather, one warp, D 576"},
         {SCATTER, 288, 6, false, "scatter from 6 blocks, D 288 (stories15m's heads)"},
         {SCATTER, 576, 9, false, "scatter from 9 blocks, D 576 (the SmolLM2 shape's heads)"},
         {SCATTER, 576, 16, false, "scatter from 16 blocks, D 576"},
