@@ -136,8 +136,8 @@ bench/split_probe: bench/split_probe.cu bench/probe.h $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -o $@ bench/split_probe.cu -lcublas
 bench/stage_probe: bench/stage_probe.cu bench/probe.h $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -o $@ bench/stage_probe.cu -lcublas
-bench/exchange_probe: bench/exchange_probe.cu bench/probe.h
-	$(NVCC) $(NVFLAGS) -o $@ bench/exchange_probe.cu
+bench/exchange_probe: bench/exchange_probe.cu bench/probe.h $(CUDA_SRC)
+	$(NVCC) $(NVFLAGS) -o $@ bench/exchange_probe.cu -lcublas
 bench/reduce_probe: bench/reduce_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/reduce_probe.cu
 # The integer MMA's latency and throughput (bench/NOTES.md 84)

@@ -17,14 +17,13 @@
 // launches timed by events, so that the launch and the first round are left out. A wait that has
 // not ended after about 2 s prints which and traps, so the launch fails instead of hanging.
 // make bench/exchange_probe && ./bench/exchange_probe
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
-#include "probe.h"   // CK
+#include "../kernels.cu"   // the cluster step's PTX wrappers (cs_send, cs_try_cluster, ...): one translation unit
+#include "probe.h"         // CK, median_ms
 
-namespace {
+namespace xp {
 
 constexpr int kC = 16, kThreads = 256, kMaxD = 1024, kShareMax = kMaxD / kC;
 enum Form { GATHER, SCATTER, ALL, GATHER_FUSED, GATHER_WARP };
@@ -36,55 +35,19 @@ struct Smem {
     unsigned long long bar[2], pbar[2];  // in's and all's barrier; part's
 };
 
-__device__ __forceinline__ uint32_t saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ uint32_t remote(uint32_t a, int rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void send1(uint32_t a, uint32_t bar, int rank, float v) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote(a, rank)),
-                 "r"(__float_as_uint(v)), "r"(remote(bar, rank))
-                 : "memory");
-}
-__device__ __forceinline__ void send4(uint32_t a, uint32_t bar, int rank, float4 v) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(remote(a, rank)),
-                 "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)),
-                 "r"(remote(bar, rank))
-                 : "memory");
-}
-__device__ __forceinline__ float4 make4(float a, float b, float c, float d) { return make_float4(a, b, c, d); }
-__device__ __forceinline__ void arm(uint32_t bar, int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
+__device__ __forceinline__ void send1(uint32_t a, uint32_t bar, int rank, float v) { cs_send(a, bar, rank, v); }
+__device__ __forceinline__ void send4(uint32_t a, uint32_t bar, int rank, float4 v) { cs_send4(a, bar, rank, v.x, v.y, v.z, v.w); }
 // Waits for the phase of parity `parity` with cluster-scope acquire (the senders are other
 // blocks), as the cluster step's hops wait for their inputs (cta: with the default cta-scope
 // acquire instead, which the memory model does not make enough for other blocks' stores: a
 // measurement of what the scope costs); traps after about 2 s.
 __device__ void wait(uint32_t bar, int parity, int round, bool cta) {
     const long long t0 = clock64();
-    for (;;) {
-        uint32_t done;
-        if (cta)
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        else
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        if (done) return;
+    while (!(cta ? cs_try(bar, parity) : cs_try_cluster(bar, parity)))
         if (clock64() - t0 > 4000000000ll) {
             printf("exchange_probe: block %d thread %d waited too long in round %d\n", blockIdx.x, threadIdx.x, round);
             __trap();
         }
-    }
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ int cta_rank() {
-    int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
 }
 
 // Sends n consecutive floats of src (this block's, shared) at offset `at` of every block's dst
@@ -95,12 +58,12 @@ __device__ void send_run(const float *src, float *dst, int at, int n, uint32_t b
     if (n % 4 == 0 && at % 4 == 0) {
         for (int i = threadIdx.x; i < n / 4 * dests; i += kThreads) {
             const int q = i % (n / 4), d = to >= 0 ? to : i / (n / 4);
-            send4(saddr(dst + at + 4 * q), bar, d, *reinterpret_cast<const float4 *>(src + 4 * q));
+            send4(cs_saddr(dst + at + 4 * q), bar, d, *reinterpret_cast<const float4 *>(src + 4 * q));
         }
     } else {
         for (int i = threadIdx.x; i < n * dests; i += kThreads) {
             const int q = i % n, d = to >= 0 ? to : i / n;
-            send1(saddr(dst + at + q), bar, d, src[q]);
+            send1(cs_saddr(dst + at + q), bar, d, src[q]);
         }
     }
 }
@@ -112,10 +75,10 @@ __device__ void send_slices(const float *src, int D, float *dst, uint32_t bar) {
     if (share % 4 == 0) {
         for (int q = threadIdx.x; q < D / 4; q += kThreads) {
             const int o = 4 * q / share;
-            send4(saddr(dst + 4 * q - o * share), bar, o, *reinterpret_cast<const float4 *>(src + 4 * q));
+            send4(cs_saddr(dst + 4 * q - o * share), bar, o, *reinterpret_cast<const float4 *>(src + 4 * q));
         }
     } else {
-        for (int i = threadIdx.x; i < D; i += kThreads) send1(saddr(dst + i % share), bar, i / share, src[i]);
+        for (int i = threadIdx.x; i < D; i += kThreads) send1(cs_saddr(dst + i % share), bar, i / share, src[i]);
     }
 }
 
@@ -123,17 +86,17 @@ __device__ void send_slices(const float *src, int D, float *dst, uint32_t bar) {
 // the outputs it sends, 4 a send where the slice allows it, so that no barrier stands between.
 __device__ void gather_fused(Smem *s, int b, int D, int first, int share, int threads) {
     const float *x = s->in[b];
-    const uint32_t bar = saddr(&s->bar[b ^ 1]);
+    const uint32_t bar = cs_saddr(&s->bar[b ^ 1]);
     auto make = [&](int j) { return 0.5f * (x[j] + x[(j + 1) % D]); };
     if (share % 4 == 0) {
         for (int i = threadIdx.x; i < share / 4 * kC; i += threads) {
             const int j = first + 4 * (i % (share / 4)), d = i / (share / 4);
-            send4(saddr(&s->in[b ^ 1][j]), bar, d, make4(make(j), make(j + 1), make(j + 2), make(j + 3)));
+            send4(cs_saddr(&s->in[b ^ 1][j]), bar, d, make_float4(make(j), make(j + 1), make(j + 2), make(j + 3)));
         }
     } else {
         for (int i = threadIdx.x; i < share * kC; i += threads) {
             const int j = first + i % share;
-            send1(saddr(&s->in[b ^ 1][j]), bar, i / share, make(j));
+            send1(cs_saddr(&s->in[b ^ 1][j]), bar, i / share, make(j));
         }
     }
 }
@@ -145,45 +108,42 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem *s = reinterpret_cast<Smem *>(smem_raw);
     __shared__ __align__(16) float out[kMaxD];
-    const int rank = cta_rank(), share = D / kC, first = rank * share;
+    const int rank = cs_rank(), share = D / kC, first = rank * share;
     const int in_bytes = f == ALL ? kC * D * 4 : D * 4, part_bytes = S * share * 4;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 2; i++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&s->bar[i])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&s->pbar[i])));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        arm(saddr(&s->bar[0]), in_bytes);
+        for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->bar[i])), mbar_init(cs_saddr(&s->pbar[i]));
+        mbar_init_fence();
+        mbar_arrive_expect(cs_saddr(&s->bar[0]), in_bytes);
     }
     for (int i = threadIdx.x; i < D; i += kThreads) out[i] = 1.0f + 0.001f * (i % 7);
-    cluster_sync();   // every block's barriers initialised before any sends
+    cs_cluster_sync();   // every block's barriers initialised before any sends
     // round 0's input: every block's starting outputs
     __syncthreads();
-    if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, saddr(&s->bar[0]), -1);
-    else send_run(out + first, s->in[0], first, share, saddr(&s->bar[0]), -1);
+    if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, cs_saddr(&s->bar[0]), -1);
+    else send_run(out + first, s->in[0], first, share, cs_saddr(&s->bar[0]), -1);
     const bool one_warp = f == GATHER_WARP;
     for (int r = 0; r < rounds && !(one_warp && threadIdx.x >= 32); r++) {
         const int b = r & 1;
-        wait(saddr(&s->bar[b]), (r >> 1) & 1, r, cta);
+        wait(cs_saddr(&s->bar[b]), (r >> 1) & 1, r, cta);
         if (one_warp) __syncwarp();
         else __syncthreads();   // every thread past this phase before the next one is armed
         if (threadIdx.x == 0) {
-            arm(saddr(&s->bar[b ^ 1]), in_bytes);
-            if (f == SCATTER) arm(saddr(&s->pbar[b]), part_bytes);
+            mbar_arrive_expect(cs_saddr(&s->bar[b ^ 1]), in_bytes);
+            if (f == SCATTER) mbar_arrive_expect(cs_saddr(&s->pbar[b]), part_bytes);
         }
         if (f == GATHER_FUSED || one_warp) {
             gather_fused(s, b, D, first, share, one_warp ? 32 : kThreads);
         } else if (f == GATHER) {   // its slice of the next input from this one
             for (int i = threadIdx.x; i < share; i += kThreads) out[first + i] = 0.5f * (s->in[b][first + i] + s->in[b][(first + i + 1) % D]);
             __syncthreads();
-            send_run(out + first, s->in[b ^ 1], first, share, saddr(&s->bar[b ^ 1]), -1);
+            send_run(out + first, s->in[b ^ 1], first, share, cs_saddr(&s->bar[b ^ 1]), -1);
         } else if (f == SCATTER) {
             if (rank < S) {   // a source: its partial of every output, each slice to its block
                 for (int i = threadIdx.x; i < D; i += kThreads) out[i] = s->in[b][i] * (0.5f + 0.01f * rank) / S;
                 __syncthreads();
-                send_slices(out, D, &s->part[b][rank][0], saddr(&s->pbar[b]));
+                send_slices(out, D, &s->part[b][rank][0], cs_saddr(&s->pbar[b]));
             }
-            wait(saddr(&s->pbar[b]), (r >> 1) & 1, r, cta);
+            wait(cs_saddr(&s->pbar[b]), (r >> 1) & 1, r, cta);
             __syncthreads();
             for (int i = threadIdx.x; i < share; i += kThreads) {   // the slice's sum, then to every block
                 float v = s->in[b][first + i];
@@ -191,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
                 out[first + i] = 0.5f * v;
             }
             __syncthreads();
-            send_run(out + first, s->in[b ^ 1], first, share, saddr(&s->bar[b ^ 1]), -1);
+            send_run(out + first, s->in[b ^ 1], first, share, cs_saddr(&s->bar[b ^ 1]), -1);
         } else {   // ALL: the 16 partials summed, every output, then this block's partial to every block
             for (int i = threadIdx.x; i < D; i += kThreads) {
                 float v = 0.0f;
@@ -199,12 +159,12 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
                 out[i] = v * (0.0625f + 0.001f * rank);
             }
             __syncthreads();
-            send_run(out, &s->all[b ^ 1][rank][0], 0, D, saddr(&s->bar[b ^ 1]), -1);
+            send_run(out, &s->all[b ^ 1][rank][0], 0, D, cs_saddr(&s->bar[b ^ 1]), -1);
         }
     }
-    if (!(one_warp && threadIdx.x >= 32)) wait(saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
+    if (!(one_warp && threadIdx.x >= 32)) wait(cs_saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
     if (threadIdx.x == 0 && rank == 0) *sink = f == ALL ? s->all[rounds & 1][0][0] : s->in[rounds & 1][0];
-    cluster_sync();   // no block leaves while another may still send into it
+    cs_cluster_sync();   // no block leaves while another may still send into it
 }
 
 // The median ms of 5 launches of `rounds` rounds; -1 on an error (printed).
@@ -215,38 +175,17 @@ float time_rounds(int f, int D, int S, bool cta, int rounds, float *sink) {
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = kC, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
     cfg.attrs = &attr, cfg.numAttrs = 1;
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.0f;
-    std::vector<float> ms;
-    for (int k = 0; k < 5; k++) {
-        cudaError_t e = cudaEventRecord(e0);
-        if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, exchange_kernel, f, D, S, cta, rounds, sink);
-        if (e == cudaSuccess) e = cudaEventRecord(e1);
-        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
-        float t = 0.0f;
-        if (e == cudaSuccess) e = cudaEventElapsedTime(&t, e0, e1);
-        if (e != cudaSuccess) {
-            fprintf(stderr, "exchange_probe: form %d, D %d, S %d, %d rounds: %s\n", f, D, S, rounds, cudaGetErrorString(e));
-            return -1.0f;
-        }
-        ms.push_back(t);
-    }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    std::sort(ms.begin(), ms.end());
-    return ms[2];
+    char what[80];
+    snprintf(what, sizeof what, "exchange_probe: form %d, D %d, S %d, %d rounds", f, D, S, rounds);
+    return median_ms([&] { return cudaLaunchKernelEx(&cfg, exchange_kernel, f, D, S, cta, rounds, sink); }, 5, what);
 }
 
-}  // namespace
+}  // namespace xp
 
 int main() {
-    int dev = 0;
+    using namespace xp;
     cudaDeviceProp prop;
-    CK(cudaGetDevice(&dev));
-    CK(cudaGetDeviceProperties(&prop, dev));
-    if (prop.major < 9) {
-        fprintf(stderr, "exchange_probe: needs sm_90 (thread-block clusters, st.async); this GPU is sm_%d%d\n", prop.major, prop.minor);
-        return 1;
-    }
+    if (need_sm90("exchange_probe", "thread-block clusters, st.async", &prop)) return 1;
     CK(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem)));
     CK(cudaFuncSetAttribute(exchange_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     float *sink;

@@ -11,10 +11,8 @@
 // Prints ns a round: (the time of 3000 rounds - that of 1000) / 2000, each the median of 5 launches
 // timed by events, launch and first round left out.
 // make bench/stage_probe && ./bench/stage_probe
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include "../kernels.cu"   // cs_stage_digits, CsLaneX and their constants: one translation unit
 #include "probe.h"         // CK
@@ -59,41 +57,19 @@ using Kernel = void (*)(int, int, bool, float *);
 
 // The median ms of 5 launches of `rounds` rounds; -1 on an error (printed).
 float time_rounds(Kernel k, int K, int rounds, bool waiting_producer, float *sink) {
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.0f;
-    std::vector<float> ms;
-    for (int i = 0; i < 5; i++) {
-        cudaError_t e = cudaEventRecord(e0);
-        if (e == cudaSuccess) {
-            k<<<1, kCsThreads>>>(K, rounds, waiting_producer, sink);
-            e = cudaGetLastError();
-        }
-        if (e == cudaSuccess) e = cudaEventRecord(e1);
-        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
-        float t = 0.0f;
-        if (e == cudaSuccess) e = cudaEventElapsedTime(&t, e0, e1);
-        if (e != cudaSuccess) {
-            fprintf(stderr, "stage_probe: K %d, %d rounds: %s\n", K, rounds, cudaGetErrorString(e));
-            return -1.0f;
-        }
-        ms.push_back(t);
-    }
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    std::sort(ms.begin(), ms.end());
-    return ms[2];
+    char what[64];
+    snprintf(what, sizeof what, "stage_probe: K %d, %d rounds", K, rounds);
+    return median_ms([&] {
+        k<<<1, kCsThreads>>>(K, rounds, waiting_producer, sink);
+        return cudaGetLastError();
+    }, 5, what);
 }
 
 }  // namespace
 
 int main() {
-    int dev = 0;
     cudaDeviceProp prop;
-    CK(cudaGetDevice(&dev));
-    CK(cudaGetDeviceProperties(&prop, dev));
-    if (prop.major < 9) {
-        fprintf(stderr, "stage_probe: needs sm_90 (the cluster step's mbarriers); this GPU is sm_%d%d\n", prop.major, prop.minor);
-        return 1;
-    }
+    if (need_sm90("stage_probe", "the cluster step's mbarriers", &prop)) return 1;
     float *sink;
     CK(cudaMalloc(&sink, kCsThreads * sizeof(float)));
     printf("%s, one block of %d threads; ns a round (3000 rounds - 1000, medians of 5)\n", prop.name, kCsThreads);
