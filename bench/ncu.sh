@@ -7,7 +7,9 @@
 #   cluster step's layers kernel; MODEL a quantize --synthetic preset, default stories15m), the
 #   120th of a 200-token greedy run without the graph: its issue rate, the warps' stall samples by
 #   reason and by instruction, and its instruction mix (the source page, SASS; the out-of-line code
-#   after the last EXIT, the waits' retry loops and slow paths, counted apart).
+#   after the last EXIT, the waits' retry loops and slow paths, counted apart); then the same by
+#   source line (bench/ncu_lines.awk over nvdisasm -g of kernels.o's cubin, where the toolkit has
+#   cuobjdump and nvdisasm). The report and its CSV stay in bench/out as ncu_step_MODEL_KERNEL.
 set -eu
 cd "$(dirname "$0")/.."
 NCU=${NCU:-ncu}
@@ -15,13 +17,23 @@ if [ "${1:-}" = step ]; then
     make -s run quantize tokenizer.bin
     out=bench/out; mkdir -p $out
     . bench/lib.sh   # synth
-    rep=$out/ncu_step
-    $NCU -f -o $rep --set full --kernel-name "regex:${KERNEL:-cs_layers_kernel}" --launch-skip 120 --launch-count 1 \
-        ./run "$(synth "${2:-stories15m}")" -z tokenizer.bin -p "Once upon a time" -n 200 -t 0 --no-graph > $out/ncu_step.log 2>&1 ||
-        { tail -5 $out/ncu_step.log; exit 1; }
+    kernel=${KERNEL:-cs_layers_kernel} model=${2:-stories15m}
+    rep=$out/ncu_step_${model}_$(echo "$kernel" | tr -c 'A-Za-z0-9_.\n-' _)
+    $NCU -f -o $rep --set full --kernel-name "regex:$kernel" --launch-skip 120 --launch-count 1 \
+        ./run "$(synth "$model")" -z tokenizer.bin -p "Once upon a time" -n 200 -t 0 --no-graph > $rep.log 2>&1 ||
+        { tail -5 $rep.log; exit 1; }
     $NCU -i $rep.ncu-rep --page details --print-details all | grep -E '^ +(Duration|SM Frequency|Registers Per Thread|Active Warps Per Scheduler|Issued Warp Per Scheduler|No Eligible) ' | sort -u
-    $NCU -i $rep.ncu-rep --page source --csv --print-source sass > $out/ncu_step.csv
-    awk -F'","' -f bench/ncu_source.awk $out/ncu_step.csv $out/ncu_step.csv
+    $NCU -i $rep.ncu-rep --page source --csv --print-source sass > $rep.csv
+    awk -F'","' -f bench/ncu_source.awk $rep.csv $rep.csv
+    bin=$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
+    if [ -x "$bin/cuobjdump" ] && [ -x "$bin/nvdisasm" ]; then
+        rm -rf $out/cubin && mkdir -p $out/cubin
+        (cd $out/cubin && "$bin/cuobjdump" -xelf all ../../../kernels.o > /dev/null)
+        "$bin/nvdisasm" -g -c $out/cubin/*sm_90a*.cubin > $out/kernels.sass
+        awk -F'","' -f bench/ncu_lines.awk $out/kernels.sass $rep.csv
+    else
+        echo "by source line: no cuobjdump and nvdisasm beside nvcc; elsewhere: awk -F'\",\"' -f bench/ncu_lines.awk LISTING $rep.csv (LISTING: nvdisasm -g -c of this build's sm_90a cubin)"
+    fi
     exit 0
 fi
 N=${1:-4096} K=${2:-11008}
