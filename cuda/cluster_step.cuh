@@ -79,6 +79,9 @@ struct CsClsParams {
     int *inputs, *argmax;      // fed as argmax_kernel feeds them
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
+#ifdef CS_TRACE
+    unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
+#endif
 };
 
 // cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
@@ -230,6 +233,10 @@ __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { re
 // and 16 the warp's second batch begun (its piece landed) and its outputs sent, 17 and 18 its third
 // batch's. 0: not reached.
 constexpr int kCsTicks = 19;
+// CS_TRACE's stamps of the classifier's block 0 (thread 0), after the layers' ticks: 0 its x in (its
+// rows landed, x read), 1 x's digits staged and the lane's loaded, 2 warp 0's rows done, 3 the
+// block's rows and argmax done.
+constexpr int kCsClsPhases = 4;
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -877,6 +884,15 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
+// CS_TRACE: block 0's thread 0 stamps the classifier's phase k (kCsClsPhases).
+__device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
+#ifdef CS_TRACE
+    if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.phases, k);
+#else
+    (void)c, (void)k;
+#endif
+}
+
 // The classifier's work in one block (s: its shared memory): the rows copied in while the layers
 // run, then, once they have finished, the logits of the block's rows; returns the block's argmax
 // key to thread 0 (the others: their warp's).
@@ -899,9 +915,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
     for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
+    cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneX lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
+    cs_cls_phase(c, 1);
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
@@ -914,12 +932,14 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
             best = max(best, cs_key(v, row0 + row));
         }
     }
+    cs_cls_phase(c, 2);
 #pragma unroll
     for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
     if (threadIdx.x == 0)
         for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
+    cs_cls_phase(c, 3);
     return best;
 }
 
@@ -1219,10 +1239,11 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    const size_t trace_words = 4 * p.n_hops + 5 + (size_t)p.cluster * p.n_hops * kCsWarps * kCsTicks;   // the stamps, then the ticks
+    const size_t ticks_end = 4 * p.n_hops + 5 + (size_t)p.cluster * p.n_hops * kCsWarps * kCsTicks;   // the stamps, the ticks,
+    const size_t trace_words = ticks_end + kCsClsPhases;                                                   // the classifier's phases
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
-    c->c.trace = p.trace + p.n_hops + 3;
+    c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + ticks_end;
 #endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
     return c;
@@ -1266,6 +1287,14 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
             ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
             ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+    unsigned long long ph[kCsClsPhases];
+    CUDA_CHECK(cudaMemcpy(ph, c->c.phases, sizeof(ph), cudaMemcpyDeviceToHost));
+    auto since = [&](unsigned long long a, unsigned long long b) { return ((double)b - (double)a) / 1e3; };
+    fprintf(stderr,
+            "cluster step trace, the classifier's block 0 (us): from its wait done to its x in %.2f, x's digits staged and each "
+            "lane's loaded %.2f, warp 0's rows %.2f, the block's rows and argmax %.2f; from there to the token fed (by the last "
+            "block out) %.2f\n",
+            since(t[n + 3], ph[0]), since(ph[0], ph[1]), since(ph[1], ph[2]), since(ph[2], ph[3]), since(ph[3], t[n + 4]));
     cs_ticks_report(c, hops);
 }
 #endif
