@@ -24,15 +24,15 @@ if [ "${1:-}" = step ]; then
         { tail -5 $rep.log; exit 1; }
     $NCU -i $rep.ncu-rep --page details --print-details all | grep -E '^ +(Duration|SM Frequency|Registers Per Thread|Active Warps Per Scheduler|Issued Warp Per Scheduler|No Eligible) ' | sort -u
     $NCU -i $rep.ncu-rep --page source --csv --print-source sass > $rep.csv
-    awk -F'","' -f bench/ncu_source.awk $rep.csv $rep.csv
+    awk -F'","' -f bench/ncu_csv.awk -f bench/ncu_source.awk $rep.csv $rep.csv
     bin=$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
     if [ -x "$bin/cuobjdump" ] && [ -x "$bin/nvdisasm" ]; then
         rm -rf $out/cubin && mkdir -p $out/cubin
         (cd $out/cubin && "$bin/cuobjdump" -xelf all ../../../kernels.o > /dev/null)
         "$bin/nvdisasm" -g -c $out/cubin/*sm_90a*.cubin > $out/kernels.sass
-        awk -F'","' -f bench/ncu_lines.awk $out/kernels.sass $rep.csv
+        awk -F'","' -f bench/ncu_csv.awk -f bench/ncu_lines.awk $out/kernels.sass $rep.csv
     else
-        echo "by source line: no cuobjdump and nvdisasm beside nvcc; elsewhere: awk -F'\",\"' -f bench/ncu_lines.awk LISTING $rep.csv (LISTING: nvdisasm -g -c of this build's sm_90a cubin)"
+        echo "by source line: no cuobjdump and nvdisasm beside nvcc; elsewhere: awk -F'\",\"' -f bench/ncu_csv.awk -f bench/ncu_lines.awk LISTING $rep.csv (LISTING: nvdisasm -g -c of this build's sm_90a cubin)"
     fi
     exit 0
 fi

@@ -1,16 +1,10 @@
 # Nsight Compute's source page of one kernel (ncu --page source --csv --print-source sass, fields
 # split on '","') summed by source line, through the machine code's line table (nvdisasm -g -c of
 # the build's cubin; NVFLAGS carry -lineinfo). Usage:
-#   awk -F'","' -f bench/ncu_lines.awk kernels.sass step.csv
+#   awk -F'","' -f bench/ncu_csv.awk -f bench/ncu_lines.awk kernels.sass step.csv
 # The kernel is found in the listing by its instructions, which must match the profile's (the
 # same build; of kernels alike to the last instruction, the first); a line of source is printed for each of the lines with the most stall samples
 # and the most instructions executed, with their shares and the two largest stall reasons.
-function hex(v,    i, n, d) {   # "0x..." as a number
-    gsub(/[" ]/, "", v); n = 0
-    for (i = 3; i <= length(v); i++) { d = index("0123456789abcdef", tolower(substr(v, i, 1))) - 1; n = n * 16 + d }
-    return n
-}
-function num(v) { gsub(/[",]/, "", v); return v + 0 }
 function opcode(text,    w) {   # the instruction's opcode with its modifiers, no predicate
     sub(/^ +/, "", text); split(text, w, / +/)
     return (w[1] ~ /^@/) ? w[2] : w[1]
@@ -24,7 +18,7 @@ function text_of(loc,    f, n, i, line, path) {   # the source line "file:N" as 
     sub(/^[ \t]+/, "", line)
     return substr(line, 1, 90)
 }
-function top(arr, total, what, shown,    k, best, bestk, i, s, name) {
+function top(arr, total, what, shown,    k, best, bestk, i, s, file) {
     printf "%s (of %d):\n", what, total
     for (i = 0; i < shown; i++) {
         best = -1
@@ -32,8 +26,8 @@ function top(arr, total, what, shown,    k, best, bestk, i, s, name) {
         if (best <= 0) break
         used[bestk] = 1
         s = reasons_of(bestk)
-        name = bestk; sub(/^.*\//, "", name)
-        printf "  %5.1f%%  %-24s %-34s %s\n", 100 * best / total, name, s, text_of(bestk)
+        file = bestk; sub(/^.*\//, "", file)
+        printf "  %5.1f%%  %-24s %-34s %s\n", 100 * best / total, file, s, text_of(bestk)
     }
     split("", used)
 }
@@ -65,17 +59,13 @@ pass == 1 {   # the listing: sections, line-table entries, instructions
     next
 }
 pass == 2 && FNR == 2 {
-    for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i; name_of[i] = h }
-    if (!("Warp Stall Sampling (All Samples)" in col) || !("Instructions Executed" in col)) {
-        print "ncu_lines.awk: " FILENAME ": no 'Warp Stall Sampling (All Samples)' or 'Instructions Executed' column (not ncu's source page as CSV?)" > "/dev/stderr"
-        bad = 1; exit 1
-    }
+    if (!ncu_header("ncu_lines.awk")) { bad = 1; exit 1 }
     next
 }
 pass == 2 && FNR > 2 && NF > 10 {
     if (rows == 0) base = hex($1)
     off[rows] = hex($1) - base; ex[rows] = num($col["Instructions Executed"]); sm[rows] = num($col["Warp Stall Sampling (All Samples)"])
-    for (i = 1; i <= NF; i++) if (name_of[i] ~ /^stall_/ && name_of[i] !~ /Not Issued/ && num($i) > 0) rs[rows] = rs[rows] name_of[i] "=" num($i) " "
+    for (i = 1; i <= NF; i++) if (name[i] ~ /^stall_/ && name[i] !~ /Not Issued/ && num($i) > 0) rs[rows] = rs[rows] name[i] "=" num($i) " "
     csv_sig = csv_sig " " opcode($2)
     rows++
 }

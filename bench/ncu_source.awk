@@ -1,14 +1,8 @@
 # Sums Nsight Compute's source page of one kernel (ncu --page source --csv --print-source sass,
-# fields split on '","'; the file given twice): the warps' stall samples by reason and the 12
-# instructions with the most, and the executed warp instructions by class. Instructions after the
-# kernel's last EXIT (the waits' retry loops, the slow paths of division and square root) are
-# counted apart from the main code.
-function num(v) { gsub(/[",]/, "", v); return v + 0 }
-function hex(v,    i, n, d) {   # "0x..." (with or without the field's quote) as a number
-    gsub(/"/, "", v); n = 0
-    for (i = 3; i <= length(v); i++) { d = index("0123456789abcdef", tolower(substr(v, i, 1))) - 1; n = n * 16 + d }
-    return n
-}
+# fields split on '","'; the file given twice, after bench/ncu_csv.awk): the warps' stall samples
+# by reason and the 12 instructions with the most, and the executed warp instructions by class.
+# Instructions after the kernel's last EXIT (the waits' retry loops, the slow paths of division and
+# square root) are counted apart from the main code.
 function class_of(op) {
     if (op ~ /^(IDP|I2FP|I2F)$/) return "dp4a and conversions"
     if (op ~ /^(FFMA|FMUL|FADD|FMNMX|FRND|F2I|MUFU|FCHK|FSETP|FSEL|HADD2|HFMA2|F2FP)$/) return "floating point"
@@ -20,11 +14,7 @@ function class_of(op) {
 }
 FNR == 1 { pass++ }
 pass == 1 && FNR == 2 {
-    for (i = 1; i <= NF; i++) { h = $i; gsub(/"/, "", h); col[h] = i; name[i] = h }
-    if (!("Warp Stall Sampling (All Samples)" in col) || !("Instructions Executed" in col)) {
-        print "ncu_source.awk: " FILENAME ": no 'Warp Stall Sampling (All Samples)' or 'Instructions Executed' column (not ncu's source page as CSV?)" > "/dev/stderr"
-        bad = 1; exit 1
-    }
+    if (!ncu_header("ncu_source.awk")) { bad = 1; exit 1 }
     next
 }
 pass == 1 && FNR > 2 && NF > 10 {

@@ -3,9 +3,9 @@
 # both executors on random models, stories260K and the split-attention model; not the 7B-shaped
 # one, which takes too long instrumented) and over a short generation on each GPU path: fused
 # (the default, the cluster step where the GPU has it; and a kernel per matrix, graph and plain
-# launches; FP16 and FP32 caches), --unfused, --fp16, FP32 cuBLAS, and a prompt prefilled on the tensor cores then decoded as --batch 4. Each of
-# memcheck, racecheck, initcheck and synccheck must report nothing. Ends with "N passed, N
-# failed, N skipped".
+# launches; FP16 and FP32 caches), --unfused, --fp16, FP32 cuBLAS, and a prompt prefilled on the
+# tensor cores then decoded as --batch 4. Each of memcheck, racecheck, initcheck and synccheck
+# must report nothing. Ends with "N passed, N failed, N skipped".
 # Knobs: TOOLS (a subset of the tools); PARTS (the suite's parts, "linear batch random long
 # real" by default, i.e. all of it); SUITE=0 (no suite); GENS=0 (no generations); JOBS=N (N runs
 # side by side, default 1: instrumented, the whole suite one run at a time takes tens of minutes);
