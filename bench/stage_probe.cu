@@ -8,11 +8,15 @@
 //   mode 1   + x's digits staged, without a norm (the output projection's and w2's hops)
 //   mode 2   + with the norm (QKV's and w1/w3's): the sums of squares and the inverse RMS
 //   mode 3   + each lane's digits, steps and scale indices loaded, as a linear hop's rows use them
+//            (every value loaded feeds the round's result, so that the compiler keeps every load)
 // Prints ns a round: (the time of 3000 rounds - that of 1000) / 2000, each the median of 5 launches
-// timed by events, launch and first round left out.
-// make bench/stage_probe && ./bench/stage_probe
+// timed by events, launch and first round left out. With K and MODE, runs that mode alone (5
+// launches of 1000 rounds), for a profiler (NOTES 134):
+//   ncu --set full --kernel-name regex:stage_kernel --launch-skip 2 --launch-count 1 ./bench/stage_probe 576 2
+// make bench/stage_probe && ./bench/stage_probe [K MODE]
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include "../kernels.cu"   // cs_stage_digits, CsLaneX and their constants: one translation unit
 #include "probe.h"         // CK
@@ -45,7 +49,14 @@ __global__ void __launch_bounds__(kCsThreads, 1) stage_kernel(int K, int rounds,
         if (kMode >= 3) {
             CsLaneX lx;
             lx.load(digits, u, K, 8);
-            acc += lx.u[0] + (float)lx.scale[kCsChunks - 1] + (float)(int)(lx.d[0][0].x ^ lx.d[kCsChunks - 1][2].w);
+            uint32_t bits = 0;   // every value loaded is used, so that none of the loads is left out
+#pragma unroll
+            for (int j = 0; j < kCsChunks; j++) {
+                acc += lx.u[j] + (float)lx.scale[j];
+#pragma unroll
+                for (int pl = 0; pl < 3; pl++) bits ^= lx.d[j][pl].x ^ lx.d[j][pl].y ^ lx.d[j][pl].z ^ lx.d[j][pl].w;
+            }
+            acc += (float)(int)bits;
         }
     }
     cs_consumers_sync();
@@ -67,13 +78,24 @@ float time_rounds(Kernel k, int K, int rounds, bool waiting_producer, float *sin
 
 }  // namespace
 
-int main() {
+int main(int argc, char **argv) {
     cudaDeviceProp prop;
     if (need_sm90("stage_probe", "the cluster step's mbarriers", &prop)) return 1;
     float *sink;
     CK(cudaMalloc(&sink, kCsThreads * sizeof(float)));
-    printf("%s, one block of %d threads; ns a round (3000 rounds - 1000, medians of 5)\n", prop.name, kCsThreads);
     const Kernel kernels[] = {stage_kernel<0>, stage_kernel<1>, stage_kernel<2>, stage_kernel<3>};
+    if (argc == 3) {   // one mode at one K, for a profiler: ./bench/stage_probe K MODE
+        const int K = atoi(argv[1]), m = atoi(argv[2]);
+        if (K < 1 || K > kCsMaxX || m < 0 || m > 3) {
+            fprintf(stderr, "stage_probe: K 1 to %d and MODE 0 to 3, got %s %s\n", kCsMaxX, argv[1], argv[2]);
+            return 2;
+        }
+        const float ms = time_rounds(kernels[m], K, 1000, false, sink);
+        if (ms < 0.0f) return 1;
+        printf("K %d mode %d: 1000 rounds %.3f ms\n", K, m, ms);
+        return 0;
+    }
+    printf("%s, one block of %d threads; ns a round (3000 rounds - 1000, medians of 5)\n", prop.name, kCsThreads);
     const char *modes[] = {"the barrier alone", "+ digits staged, no norm", "+ with the norm", "+ each lane's digits loaded"};
     const int Ks[] = {288, 576, 768, 1536};
     for (int producer = 0; producer < 2; producer++) {
