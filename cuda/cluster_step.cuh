@@ -237,6 +237,13 @@ constexpr int kCsTicks = 19;
 // rows landed, x read), 1 x's digits staged and the lane's loaded, 2 warp 0's rows done, 3 the
 // block's rows and argmax done.
 constexpr int kCsClsPhases = 4;
+// CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, three a piece (its
+// first kCsTracePieces of the step): %globaltimer when the producer issued its copy (its slot
+// free), when consumer thread 0 began to wait for it, and when that wait ended.
+constexpr int kCsTracePieces = 4096;
+__host__ __device__ inline size_t cs_pieces_at(int n_hops, int cluster) {
+    return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks + kCsClsPhases;
+}
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -245,6 +252,9 @@ struct CsRing {
     unsigned long long *waited;   // -DCS_TRACE: the traced thread's ns in these waits, else NULL
     unsigned long long *mark;     // -DCS_TRACE: when the traced thread had x's digits (linear) or the softmax (attention)
     unsigned long long *ticks;    // -DCS_TRACE: this warp's ticks of the hop, else NULL
+#ifdef CS_TRACE
+    unsigned long long *pieces;   // block 0's thread 0: its pieces' stamps (kCsTracePieces), else NULL
+#endif
     __device__ void stamp_mark() const {
 #ifdef CS_TRACE
         if (mark) *mark = cs_now();
@@ -265,7 +275,11 @@ struct CsRing {
 #endif
         cs_wait(cs_saddr(&s->full[n % kCsSlots]), (n / kCsSlots) & 1, CS_AT_FULL, n);
 #ifdef CS_TRACE
-        if (waited) *waited += cs_now() - t0;
+        if (waited) {
+            const unsigned long long t1 = cs_now();
+            *waited += t1 - t0;
+            if (pieces && n < kCsTracePieces) pieces[3 * n + 1] = t0, pieces[3 * n + 2] = t1;
+        }
 #endif
         return at(i);
     }
@@ -288,6 +302,9 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
     auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
         const int slot = n % kCsSlots, round = n / kCsSlots;
         if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1, CS_AT_EMPTY, n);
+#ifdef CS_TRACE
+        if (p.trace && rank == 0 && n < kCsTracePieces) p.trace[cs_pieces_at(p.n_hops, p.cluster) + 3 * n] = cs_now();
+#endif
         mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
         n++;
         return slot;
@@ -820,7 +837,8 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if (threadIdx.x % 32 < kCsTicks) ticks[threadIdx.x % 32] = 0;
         __syncwarp();
         const unsigned long long start_ns = cs_now();
-        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr, ticks};
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr, ticks,
+                             stamp ? p.trace + cs_pieces_at(p.n_hops, p.cluster) : nullptr};
 #else
         const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
 #endif
@@ -1240,7 +1258,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t ticks_end = 4 * p.n_hops + 5 + (size_t)p.cluster * p.n_hops * kCsWarps * kCsTicks;   // the stamps, the ticks,
-    const size_t trace_words = ticks_end + kCsClsPhases;                                                   // the classifier's phases
+    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + 3 * kCsTracePieces;                     // the classifier's phases, the pieces
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
     c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + ticks_end;
@@ -1257,6 +1275,29 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 
 #ifdef CS_TRACE
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops);
+// Block 0's ring pieces in the traced step: of those that thread 0 waited for (over 64 ns), how
+// long before the wait the producer had issued the copy and how long the copy took from there
+// (the wait's end: it landed then); and for all, how far ahead of their use they were issued.
+static void cs_pieces_report(const GpuCluster *c) {
+    static unsigned long long t[3 * kCsTracePieces];
+    CUDA_CHECK(cudaMemcpy(t, c->p.trace + cs_pieces_at(c->p.n_hops, c->p.cluster), sizeof(t), cudaMemcpyDeviceToHost));
+    int n = 0, waited = 0;
+    double lead_all = 0, waited_us = 0, lead = 0, flight = 0, flight_min = 1e30, flight_max = 0;
+    for (int i = 0; i < kCsTracePieces && t[3 * i] && t[3 * i + 1] && t[3 * i + 2]; i++, n++) {
+        const double issued = (double)t[3 * i], need = (double)t[3 * i + 1], got = (double)t[3 * i + 2];
+        lead_all += need - issued;
+        if (got - need <= 64) continue;
+        waited++, waited_us += (got - need) / 1e3, lead += need - issued;
+        flight += got - issued, flight_min = std::min(flight_min, got - issued), flight_max = std::max(flight_max, got - issued);
+    }
+    if (!n) return;
+    fprintf(stderr, "cluster step trace, block 0's ring pieces: %d, issued a mean of %.2f us before thread 0 waited for them; it waited "
+            "on %d (%.2f us in all)", n, lead_all / n / 1e3, waited, waited_us);
+    if (waited)
+        fprintf(stderr, ", those issued %.2f us before the wait (mean) and landed %.2f us after their issue (mean; %.2f to %.2f)",
+                lead / waited / 1e3, flight / waited / 1e3, flight_min / 1e3, flight_max / 1e3);
+    fprintf(stderr, "\n");
+}
 // The 101st launch's stamps (cs_stamp), in us: the layers' phases, each kind of hop's mean (from
 // its input's arrival to the next hop's), the classifier's.
 static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
@@ -1287,6 +1328,17 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
             ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
             ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+    // where in the step the ring's waits fall (the classifier's blocks copy their rows in while the
+    // layers run, their bytes in the same DRAM as the layers' copies): block 0's, a layer at a time
+    fprintf(stderr, "cluster step trace, block 0's waits for the ring by layer, us (the layer's time):");
+    for (int first = 0; first < n; first += 5) {
+        const int end = first + 5 < n ? first + 5 : n;
+        double waited = 0;
+        for (int i = first; i < end; i++) waited += t[n + 5 + i] / 1e3;
+        fprintf(stderr, " %.2f (%.2f)", waited, (t[2 + end] - t[2 + first]) / 1e3);
+    }
+    fprintf(stderr, "\n");
+    cs_pieces_report(c);
     unsigned long long ph[kCsClsPhases];
     CUDA_CHECK(cudaMemcpy(ph, c->c.phases, sizeof(ph), cudaMemcpyDeviceToHost));
     auto since = [&](unsigned long long a, unsigned long long b) { return ((double)b - (double)a) / 1e3; };
