@@ -293,19 +293,53 @@ constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's ar
 // A linear hop's rows in this block.
 __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
 
+// CS_LDG_RING (a measurement build, NOTES 136): the weights' pieces and the norms' weights copied
+// by the producer's 32 lanes, 16 bytes a cp.async each, a slot's full barrier completed by every
+// lane's cp.async.mbarrier.arrive.noinc (its copies landed), instead of one bulk copy by lane 0
+// (the attention's boxes stay the copy unit's, lane 0 arming them, the other lanes arriving).
+// A linear piece or the norm's weights (bytes a multiple of 16) into a ring slot, counted on its
+// full barrier.
+#ifdef CS_LDG_RING
+constexpr int kCsFullArrivals = 32;
+__device__ __forceinline__ void cs_copy_piece(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+    const unsigned char *from = static_cast<const unsigned char *>(src);
+    for (int at = 16 * (threadIdx.x % 32); at < bytes; at += 16 * 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + at), "l"(from + at) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+#else
+constexpr int kCsFullArrivals = 1;
+__device__ __forceinline__ void cs_copy_piece(uint32_t dst, const void *src, int bytes, uint32_t bar) { bulk_copy_counted(dst, src, bytes, bar); }
+#endif
+
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
 template <typename KV>
 __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
+#ifdef CS_LDG_RING
+    const bool lane0 = threadIdx.x % 32 == 0;
+#else
     if (threadIdx.x % 32) return;
+    const bool lane0 = true;
+#endif
     int n = 0, kp = -1;
-    auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
+    // The next slot, free, armed for `bytes` (CS_LDG_RING: a box's by lane 0, the other lanes
+    // arriving; a linear piece's by its lanes' copies).
+    auto slot_for = [&](int bytes, bool box) {
         const int slot = n % kCsSlots, round = n / kCsSlots;
         if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1, CS_AT_EMPTY, n);
 #ifdef CS_TRACE
-        if (p.trace && rank == 0 && n < kCsTracePieces) p.trace[cs_pieces_at(p.n_hops, p.cluster) + 3 * n] = cs_now();
+        if (p.trace && rank == 0 && n < kCsTracePieces && lane0) p.trace[cs_pieces_at(p.n_hops, p.cluster) + 3 * n] = cs_now();
 #endif
+#ifdef CS_LDG_RING
+        if (box) {
+            if (lane0) mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
+            else mbar_arrive(cs_saddr(&s->full[slot]));
+        }
+#else
+        (void)box;
         mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
+#endif
         n++;
         return slot;
     };
@@ -321,21 +355,22 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
                 const int kvh = head / (p.n_heads / p.n_kv_heads);
                 for (int c = 0; c < 2; c++)
                     for (int j = 0; j < kp; j++) {   // a whole box: its rows past the step's position land too, unread
-                        const int slot = slot_for(box_bytes);
-                        cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
-                                    cs_saddr(&s->full[slot]));
+                        const int slot = slot_for(box_bytes, true);
+                        if (lane0)
+                            cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
+                                        cs_saddr(&s->full[slot]));
                     }
             }
             continue;
         }
         if (h.gamma) {
-            const int slot = slot_for(4 * h.K);
-            bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
+            const int slot = slot_for(4 * h.K, false);
+            cs_copy_piece(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
         }
         const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
         for (int r = 0; r < mine; r += h.rows_per_piece) {
-            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes);
-            bulk_copy_counted(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
+            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes, false);
+            cs_copy_piece(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
         }
     }
 }
@@ -876,7 +911,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     const int words = p.n_hops * (int)sizeof(CsHop) / 4;
     for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
+        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), kCsFullArrivals), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
         mbar_init_fence();
     }
