@@ -297,8 +297,9 @@ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0,
 // by the producer's 32 lanes, 16 bytes a cp.async each, a slot's full barrier completed by every
 // lane's cp.async.mbarrier.arrive.noinc (its copies landed), instead of one bulk copy by lane 0
 // (the attention's boxes stay the copy unit's, lane 0 arming them, the other lanes arriving).
-// A linear piece or the norm's weights (bytes a multiple of 16) into a ring slot, counted on its
-// full barrier.
+//
+// cs_copy_piece: a linear piece or the norm's weights (bytes a multiple of 16) into a ring slot,
+// counted on its full barrier.
 #ifdef CS_LDG_RING
 constexpr int kCsFullArrivals = 32;
 __device__ __forceinline__ void cs_copy_piece(uint32_t dst, const void *src, int bytes, uint32_t bar) {
@@ -1363,8 +1364,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
             ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
             ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
-    // where in the step the ring's waits fall (the classifier's blocks copy their rows in while the
-    // layers run, their bytes in the same DRAM as the layers' copies): block 0's, a layer at a time
+    // where in the step the ring's waits fall (NOTES 135): block 0's, a layer at a time
     fprintf(stderr, "cluster step trace, block 0's waits for the ring by layer, us (the layer's time):");
     for (int first = 0; first < n; first += 5) {
         const int end = first + 5 < n ? first + 5 : n;
