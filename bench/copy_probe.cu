@@ -58,16 +58,18 @@ __global__ void copy_kernel(const unsigned char *src, size_t block_stride, int n
                          : "memory");
         }
     }
-    if (lane != 0) return;
-    unsigned long long *o = out + (size_t)blockIdx.x * kStamps;
-    o[0] = t0;
-    for (int i = 0; i < n; i++) {
-        uint32_t done = 0;
-        while (!done)
-            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-                         : "=r"(done) : "r"(bar0 + 8 * i) : "memory");
-        o[1 + i] = now_ns();
+    if (lane == 0) {   // (the other lanes stay, their copies in flight, until the last has landed)
+        unsigned long long *o = out + (size_t)blockIdx.x * kStamps;
+        o[0] = t0;
+        for (int i = 0; i < n; i++) {
+            uint32_t done = 0;
+            while (!done)
+                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+                             : "=r"(done) : "r"(bar0 + 8 * i) : "memory");
+            o[1 + i] = now_ns();
+        }
     }
+    __syncwarp();
 }
 
 double median(double *v, int n) {
