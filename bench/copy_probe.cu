@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "probe.h"   // CK, need_sm90
+#include "probe.h"   // CK, median_of, need_sm90
 
 namespace {
 
@@ -72,15 +72,6 @@ __global__ void copy_kernel(const unsigned char *src, size_t block_stride, int n
     __syncwarp();
 }
 
-double median(double *v, int n) {
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-            const double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    return v[n / 2];
-}
-
 // One configuration: three launches, each from a new region (from_l2: the last launch's region
 // again, read once more); prints the third's medians over the blocks.
 int run(const unsigned char *buf, size_t buf_bytes, size_t *cursor, int blocks, int n, int bytes, bool lanes, bool from_l2,
@@ -106,8 +97,8 @@ int run(const unsigned char *buf, size_t buf_bytes, size_t *cursor, int blocks, 
         rate[b] = (double)n * bytes / last[b];   // bytes a ns: GB/s
     }
     printf("  %3d block%s, %-7s %2d pieces of %5d bytes%s: first landed %7.2f us, last %7.2f us, %7.1f GB/s a block\n", blocks,
-           blocks > 1 ? "s" : " ", lanes ? "16-byte" : "bulk", n, bytes, from_l2 ? " (L2)" : "     ", median(first, blocks) / 1e3,
-           median(last, blocks) / 1e3, median(rate, blocks));
+           blocks > 1 ? "s" : " ", lanes ? "16-byte" : "bulk", n, bytes, from_l2 ? " (L2)" : "     ", median_of(first, blocks) / 1e3,
+           median_of(last, blocks) / 1e3, median_of(rate, blocks));
     return 0;
 }
 

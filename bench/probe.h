@@ -12,6 +12,17 @@
         }                                                                          \
     } while (0)
 
+// The median of v[0..n) (n >= 1), sorted in place (insertion sort: a handful to a few hundred values).
+template <class T>
+T median_of(T *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const T t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
 // The median ms of `times` runs of launch() (which returns the launch's cudaError_t) between two
 // events; -1 on an error, printed after `what`.
 template <class Launch>
@@ -32,12 +43,7 @@ float median_ms(Launch launch, int times, const char *what) {
         }
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
-    for (int i = 1; i < times; i++)   // (insertion sort: a handful of runs)
-        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-            const float t = ms[j];
-            ms[j] = ms[j - 1], ms[j - 1] = t;
-        }
-    return ms[times / 2];
+    return median_of(ms, times);
 }
 
 // The current device's properties into *prop; 1, with a line naming the probe and what it needs,

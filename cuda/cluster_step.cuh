@@ -241,9 +241,11 @@ constexpr int kCsClsPhases = 4;
 // first kCsTracePieces of the step): %globaltimer when the producer issued its copy (its slot
 // free), when consumer thread 0 began to wait for it, and when that wait ended.
 constexpr int kCsTracePieces = 4096;
-__host__ __device__ inline size_t cs_pieces_at(int n_hops, int cluster) {
-    return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks + kCsClsPhases;
+// Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
+__host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
+    return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
 }
+__host__ __device__ inline size_t cs_pieces_at(int n_hops, int cluster) { return cs_phases_at(n_hops, cluster) + kCsClsPhases; }
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -1293,11 +1295,10 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    const size_t ticks_end = 4 * p.n_hops + 5 + (size_t)p.cluster * p.n_hops * kCsWarps * kCsTicks;   // the stamps, the ticks,
-    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + 3 * kCsTracePieces;                     // the classifier's phases, the pieces
+    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + 3 * kCsTracePieces;   // the stamps, ticks, phases and pieces
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
-    c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + ticks_end;
+    c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + cs_phases_at(p.n_hops, p.cluster);
 #endif
     CUDA_CHECK(cudaStreamSynchronize(g->stream));   // the records packed, the hops copied (from the stack), best zeroed
     return c;
