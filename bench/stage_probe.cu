@@ -84,6 +84,10 @@ int main(int argc, char **argv) {
     float *sink;
     CK(cudaMalloc(&sink, kCsThreads * sizeof(float)));
     const Kernel kernels[] = {stage_kernel<0>, stage_kernel<1>, stage_kernel<2>, stage_kernel<3>};
+    if (argc != 1 && argc != 3) {
+        fprintf(stderr, "usage: %s [K MODE]\n", argv[0]);
+        return 2;
+    }
     if (argc == 3) {   // one mode at one K, for a profiler: ./bench/stage_probe K MODE
         const int K = atoi(argv[1]), m = atoi(argv[2]);
         if (K < 1 || K > kCsMaxX || m < 0 || m > 3) {
