@@ -131,9 +131,6 @@ bench/kv_read_probe: bench/kv_read_probe.cu bench/probe.h
 # A chain of the whole grid's hand-overs, with and without GEMV work between them (bench/NOTES.md 109)
 bench/hop_probe: bench/hop_probe.cu bench/probe.h
 	$(NVCC) $(NVFLAGS) -o $@ bench/hop_probe.cu
-# A small model's step: its layers on one cluster handing over in shared memory, the classifier beside (bench/NOTES.md 111)
-bench/split_probe: bench/split_probe.cu bench/probe.h $(CUDA_SRC)
-	$(NVCC) $(NVFLAGS) -o $@ bench/split_probe.cu -lcublas
 bench/stage_probe: bench/stage_probe.cu bench/probe.h $(CUDA_SRC)
 	$(NVCC) $(NVFLAGS) -o $@ bench/stage_probe.cu -lcublas
 bench/copy_probe: bench/copy_probe.cu bench/probe.h
@@ -179,7 +176,7 @@ bench/cpu_read: bench/cpu_read.c engine/util.c engine/util.h
 	$(CC) $(CFLAGS) -march=native -o $@ bench/cpu_read.c engine/util.c $(LDLIBS)
 
 clean:
-	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/hop_probe bench/mma_probe bench/skew_probe bench/tile_probe bench/reduce_probe bench/exchange_probe bench/copy_probe bench/stage_probe bench/split_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
+	rm -rf run quantize *.o obj tests/test_run $(READER_TESTS) tests/test_run_vg tests/test_run_gpu tests/asan tests/vg bench/kernel_bench bench/kv_read_probe bench/hop_probe bench/mma_probe bench/skew_probe bench/tile_probe bench/reduce_probe bench/exchange_probe bench/copy_probe bench/stage_probe tests/fuzz/fuzz_* tests/fuzz/replay_*
 
 # Fuzzing: libFuzzer targets built with clang, ASan and UBSan.
 #   make fuzz                  each target for FUZZ_SECONDS (default 600) on its corpus

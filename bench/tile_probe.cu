@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
     constexpr int kGs = 32 * kGroupSteps;
     const int per_row = mk_groups_a_row(kGs), record = mk_record_bytes(kGs);
     unsigned char *ring = smem;
-    const MkX xs = mk_x(smem + kProbeSlots * record, kProbeStride);
+    const MkX xs = mk_x(smem + kProbeSlots * record, kProbeStride, 31 - __clz(kGs));
     for (int i = threadIdx.x; i < kProbeSlots * record / 4; i += blockDim.x) {
         const unsigned h = probe_hash(i + 977u * blockIdx.x);
         const int in_tile = (i * 4) % record;
@@ -114,7 +114,9 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
 
 template <int kGroupSteps>
 int run_case(int sms, int khz, int pipes, int tiles, int mode, const unsigned char *src, float *sink, long long *cycles, long long *host) {
-    const int smem = kProbeSlots * mk_record_bytes(32 * kGroupSteps) + mk_x_bytes(kProbeStride);
+    int gshift = 0;   // log2 of the group size
+    while ((32 * kGroupSteps) >> (gshift + 1)) gshift++;
+    const int smem = kProbeSlots * mk_record_bytes(32 * kGroupSteps) + mk_x_bytes(kProbeStride, gshift);
     CK(cudaFuncSetAttribute(tile_loop<kGroupSteps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaMemset(cycles, 0, sizeof(long long) * sms * kMkConsumerWarps));
     tile_loop<kGroupSteps><<<sms, kProbeThreads, smem>>>(pipes, tiles, mode, src, sink, cycles);

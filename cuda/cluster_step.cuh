@@ -30,7 +30,10 @@
 
 namespace {
 
-constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
+#ifndef CS_WARPS
+#define CS_WARPS 8
+#endif
+constexpr int kCsWarps = CS_WARPS, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
 // CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
 #ifndef CS_MAX_CLUSTER
 #define CS_MAX_CLUSTER 16
@@ -92,6 +95,10 @@ struct CsSmem {
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
     uint32_t digits[3][kCsMaxX / 4];
+#if CS_WARPS > 8
+    // (CS_WARPS 16, a measurement build: the attention's warps' parts need more than the digits)
+    float parts_room[CS_WARPS * (kCsMaxHead + 4) - 3 * kCsMaxX / 4];
+#endif
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
@@ -101,7 +108,7 @@ struct CsSmem {
 };
 // Where a linear hop stages x's digits, free during the attention, which keeps its warps' parts
 // there.
-constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = sizeof(CsSmem::digits);
+constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = offsetof(CsSmem, u) - offsetof(CsSmem, digits);
 // cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
 struct CsClsSmem {
     unsigned char rows[kCsPreload];
@@ -237,10 +244,11 @@ constexpr int kCsTicks = 19;
 // rows landed, x read), 1 x's digits staged and the lane's loaded, 2 warp 0's rows done, 3 the
 // block's rows and argmax done.
 constexpr int kCsClsPhases = 4;
-// CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, three a piece (its
-// first kCsTracePieces of the step): %globaltimer when the producer issued its copy (its slot
-// free), when consumer thread 0 began to wait for it, and when that wait ended.
-constexpr int kCsTracePieces = 4096;
+// CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, kCsPieceStamps a
+// piece (its first kCsTracePieces of the step): %globaltimer when the producer found its slot free,
+// when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
+// instruction had been issued.
+constexpr int kCsTracePieces = 4096, kCsPieceStamps = 4;
 // Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
 __host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
     return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
@@ -280,7 +288,7 @@ struct CsRing {
         if (waited) {
             const unsigned long long t1 = cs_now();
             *waited += t1 - t0;
-            if (pieces && n < kCsTracePieces) pieces[3 * n + 1] = t0, pieces[3 * n + 2] = t1;
+            if (pieces && n < kCsTracePieces) pieces[kCsPieceStamps * n + 1] = t0, pieces[kCsPieceStamps * n + 2] = t1;
         }
 #endif
         return at(i);
@@ -295,56 +303,26 @@ constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's ar
 // A linear hop's rows in this block.
 __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
 
-// CS_LDG_RING (a measurement build, NOTES 136): the weights' pieces and the norms' weights copied
-// by the producer's 32 lanes, 16 bytes a cp.async each, a slot's full barrier completed by every
-// lane's cp.async.mbarrier.arrive.noinc (its copies landed), instead of one bulk copy by lane 0
-// (the attention's boxes stay the copy unit's, lane 0 arming them, the other lanes arriving).
-//
-// cs_copy_piece: a linear piece or the norm's weights (bytes a multiple of 16) into a ring slot,
-// counted on its full barrier.
-#ifdef CS_LDG_RING
-constexpr int kCsFullArrivals = 32;
-__device__ __forceinline__ void cs_copy_piece(uint32_t dst, const void *src, int bytes, uint32_t bar) {
-    const unsigned char *from = static_cast<const unsigned char *>(src);
-    for (int at = 16 * (threadIdx.x % 32); at < bytes; at += 16 * 32)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + at), "l"(from + at) : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-#else
-constexpr int kCsFullArrivals = 1;
-__device__ __forceinline__ void cs_copy_piece(uint32_t dst, const void *src, int bytes, uint32_t bar) { bulk_copy_counted(dst, src, bytes, bar); }
-#endif
-
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
 template <typename KV>
 __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
-#ifdef CS_LDG_RING
-    const bool lane0 = threadIdx.x % 32 == 0;
-#else
     if (threadIdx.x % 32) return;
-    const bool lane0 = true;
-#endif
     int n = 0, kp = -1;
-    // The next slot, free, armed for `bytes` (CS_LDG_RING: a box's by lane 0, the other lanes
-    // arriving; a linear piece's by its lanes' copies).
-    auto slot_for = [&](int bytes, bool box) {
+    auto slot_for = [&](int bytes) {   // the next slot, free, armed for bytes
         const int slot = n % kCsSlots, round = n / kCsSlots;
         if (round > 0) cs_wait(cs_saddr(&s->empty[slot]), (round - 1) & 1, CS_AT_EMPTY, n);
 #ifdef CS_TRACE
-        if (p.trace && rank == 0 && n < kCsTracePieces && lane0) p.trace[cs_pieces_at(p.n_hops, p.cluster) + 3 * n] = cs_now();
+        if (p.trace && rank == 0 && n < kCsTracePieces) p.trace[cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * n] = cs_now();
 #endif
-#ifdef CS_LDG_RING
-        if (box) {
-            if (lane0) mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
-            else mbar_arrive(cs_saddr(&s->full[slot]));
-        }
-#else
-        (void)box;
         mbar_arrive_expect(cs_saddr(&s->full[slot]), bytes);
-#endif
         n++;
         return slot;
+    };
+    auto issued = [&]() {   // (CS_TRACE: the last piece's copy instruction issued)
+#ifdef CS_TRACE
+        if (p.trace && rank == 0 && n - 1 < kCsTracePieces) p.trace[cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * (n - 1) + 3] = cs_now();
+#endif
     };
     const int box_bytes = p.per * p.hs * (int)sizeof(KV);
     for (int i = 0; i < p.n_hops; i++) {
@@ -358,22 +336,24 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
                 const int kvh = head / (p.n_heads / p.n_kv_heads);
                 for (int c = 0; c < 2; c++)
                     for (int j = 0; j < kp; j++) {   // a whole box: its rows past the step's position land too, unread
-                        const int slot = slot_for(box_bytes, true);
-                        if (lane0)
-                            cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
-                                        cs_saddr(&s->full[slot]));
+                        const int slot = slot_for(box_bytes);
+                        cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
+                                    cs_saddr(&s->full[slot]));
+                        issued();
                     }
             }
             continue;
         }
         if (h.gamma) {
-            const int slot = slot_for(4 * h.K, false);
-            cs_copy_piece(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
+            const int slot = slot_for(4 * h.K);
+            bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
+            issued();
         }
         const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
         for (int r = 0; r < mine; r += h.rows_per_piece) {
-            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes, false);
-            cs_copy_piece(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
+            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes);
+            bulk_copy_counted(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
+            issued();
         }
     }
 }
@@ -914,7 +894,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     const int words = p.n_hops * (int)sizeof(CsHop) / 4;
     for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), kCsFullArrivals), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
+        for (int i = 0; i < kCsSlots; i++) mbar_init(cs_saddr(&s->full[i]), 1), mbar_init(cs_saddr(&s->empty[i]), kCsReleasers);
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->xbar[i]), 1);   // the block's own arrival with the hop's bytes
         mbar_init_fence();
     }
@@ -1295,7 +1275,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
-    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + 3 * kCsTracePieces;   // the stamps, ticks, phases and pieces
+    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
     c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + cs_phases_at(p.n_hops, p.cluster);
@@ -1313,25 +1293,28 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 #ifdef CS_TRACE
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops);
 // Block 0's ring pieces in the traced step: of those that thread 0 waited for (over 64 ns), how
-// long before the wait the producer had issued the copy and how long the copy took from there
-// (the wait's end: it landed then); and for all, how far ahead of their use they were issued.
+// long before the wait the producer had found the slot free and how long the copy took from there
+// (the wait's end: it landed then); for all, how far ahead of their use their slots were free, and
+// how long the producer took from a slot free to its copy issued.
 static void cs_pieces_report(const GpuCluster *c) {
-    static unsigned long long t[3 * kCsTracePieces];
+    constexpr int S = kCsPieceStamps;
+    static unsigned long long t[S * kCsTracePieces];
     CUDA_CHECK(cudaMemcpy(t, c->p.trace + cs_pieces_at(c->p.n_hops, c->p.cluster), sizeof(t), cudaMemcpyDeviceToHost));
     int n = 0, waited = 0;
-    double lead_all = 0, waited_us = 0, lead = 0, flight = 0, flight_min = 1e30, flight_max = 0;
-    for (int i = 0; i < kCsTracePieces && t[3 * i] && t[3 * i + 1] && t[3 * i + 2]; i++, n++) {
-        const double issued = (double)t[3 * i], need = (double)t[3 * i + 1], got = (double)t[3 * i + 2];
-        lead_all += need - issued;
+    double lead_all = 0, waited_us = 0, lead = 0, flight = 0, flight_min = 1e30, flight_max = 0, issue = 0, issue_max = 0;
+    for (int i = 0; i < kCsTracePieces && t[S * i] && t[S * i + 1] && t[S * i + 2] && t[S * i + 3]; i++, n++) {
+        const double freed = (double)t[S * i], need = (double)t[S * i + 1], got = (double)t[S * i + 2], sent = (double)t[S * i + 3];
+        lead_all += need - freed, issue += sent - freed, issue_max = std::max(issue_max, sent - freed);
         if (got - need <= 64) continue;
-        waited++, waited_us += (got - need) / 1e3, lead += need - issued;
-        flight += got - issued, flight_min = std::min(flight_min, got - issued), flight_max = std::max(flight_max, got - issued);
+        waited++, waited_us += (got - need) / 1e3, lead += need - freed;
+        flight += got - freed, flight_min = std::min(flight_min, got - freed), flight_max = std::max(flight_max, got - freed);
     }
     if (!n) return;
-    fprintf(stderr, "cluster step trace, block 0's ring pieces: %d, issued a mean of %.2f us before thread 0 waited for them; it waited "
-            "on %d (%.2f us in all)", n, lead_all / n / 1e3, waited, waited_us);
+    fprintf(stderr, "cluster step trace, block 0's ring pieces: %d, slots free a mean of %.2f us before thread 0 waited for them, copies "
+            "issued %.2f us after the slot was free (mean; at most %.2f); it waited on %d (%.2f us in all)", n, lead_all / n / 1e3,
+            issue / n / 1e3, issue_max / 1e3, waited, waited_us);
     if (waited)
-        fprintf(stderr, ", those issued %.2f us before the wait (mean) and landed %.2f us after their issue (mean; %.2f to %.2f)",
+        fprintf(stderr, ", those free %.2f us before the wait (mean) and landed %.2f us after (mean; %.2f to %.2f)",
                 lead / waited / 1e3, flight / waited / 1e3, flight_min / 1e3, flight_max / 1e3);
     fprintf(stderr, "\n");
 }
