@@ -30,6 +30,10 @@
 
 namespace {
 
+// CS_WARPS: the consumer warps a block. 12 is a measurement build (NOTES 139): a long hop's
+// batches of 8 rows dealt over more warps, and still at most 4 warps on a scheduler with the
+// producer's (16 would put 5 on one: fewer registers a thread, and the attention's parts past
+// the shared memory of the largest shapes).
 #ifndef CS_WARPS
 #define CS_WARPS 8
 #endif
@@ -96,7 +100,7 @@ struct CsSmem {
     float xb[2][kCsMaxX];
     uint32_t digits[3][kCsMaxX / 4];
 #if CS_WARPS > 8
-    // (CS_WARPS 16, a measurement build: the attention's warps' parts need more than the digits)
+    // (CS_WARPS 12, a measurement build: the attention's warps' parts need more than the digits)
     float parts_room[CS_WARPS * (kCsMaxHead + 4) - 3 * kCsMaxX / 4];
 #endif
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
@@ -247,8 +251,9 @@ constexpr int kCsClsPhases = 4;
 // CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, kCsPieceStamps a
 // piece (its first kCsTracePieces of the step): %globaltimer when the producer found its slot free,
 // when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
-// instruction had been issued.
-constexpr int kCsTracePieces = 4096, kCsPieceStamps = 4;
+// instruction had been issued; then what the piece is (kCsPieceWhat).
+constexpr int kCsTracePieces = 4096, kCsPieceStamps = 5;
+enum { CS_PIECE_GAMMA, CS_PIECE_ROWS, CS_PIECE_BOX, kCsPieceKinds };   // its hop i's: as 4 * i + kind
 // Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
 __host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
     return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
@@ -319,9 +324,14 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
         n++;
         return slot;
     };
-    auto issued = [&]() {   // (CS_TRACE: the last piece's copy instruction issued)
+    auto issued = [&](int what) {   // (CS_TRACE: the last piece's copy instruction issued, and what it is)
 #ifdef CS_TRACE
-        if (p.trace && rank == 0 && n - 1 < kCsTracePieces) p.trace[cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * (n - 1) + 3] = cs_now();
+        if (p.trace && rank == 0 && n - 1 < kCsTracePieces) {
+            unsigned long long *at = p.trace + cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * (n - 1);
+            at[3] = cs_now(), at[4] = what;
+        }
+#else
+        (void)what;
 #endif
     };
     const int box_bytes = p.per * p.hs * (int)sizeof(KV);
@@ -339,7 +349,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
                         const int slot = slot_for(box_bytes);
                         cs_copy_box(cs_saddr(s->ring[slot]), c ? &p.vmap : &p.kmap, kvh * p.hs, h.layer * p.seq + j * p.per,
                                     cs_saddr(&s->full[slot]));
-                        issued();
+                        issued(4 * i + CS_PIECE_BOX);
                     }
             }
             continue;
@@ -347,13 +357,13 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
         if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
-            issued();
+            issued(4 * i + CS_PIECE_GAMMA);
         }
         const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
         for (int r = 0; r < mine; r += h.rows_per_piece) {
             const int bytes = min(h.rows_per_piece, mine - r) * h.rec, slot = slot_for(bytes);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
-            issued();
+            issued(4 * i + CS_PIECE_ROWS);
         }
     }
 }
@@ -569,8 +579,8 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
 // a hop's batches dealt round the warps across its pieces (a slot holds 8 to 48 rows: dealt a
 // piece at a time, the first warps would do all the work of the long rows).
 __device__ __forceinline__ int cs_first_batch(int r0) {
-    static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two (r0 >= 0: the modulo as a mask)");
-    return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));
+    if constexpr ((kCsWarps & (kCsWarps - 1)) == 0) return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));   // (r0 >= 0)
+    else return 8 * ((threadIdx.x / 32 + kCsWarps - (r0 >> 3) % kCsWarps) % kCsWarps);   // (CS_WARPS 12)
 }
 
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
@@ -1316,6 +1326,23 @@ static void cs_pieces_report(const GpuCluster *c) {
     if (waited)
         fprintf(stderr, ", those free %.2f us before the wait (mean) and landed %.2f us after (mean; %.2f to %.2f)",
                 lead / waited / 1e3, flight / waited / 1e3, flight_min / 1e3, flight_max / 1e3);
+    fprintf(stderr, "\n");
+    // the pieces of each kind, those waited for, and (the first few) which hop and how late
+    int of_kind[kCsPieceKinds] = {}, waited_kind[kCsPieceKinds] = {}, listed = 0;
+    const char *kind_name[kCsPieceKinds] = {"norm weights", "rows", "key/value boxes"};
+    fprintf(stderr, "cluster step trace, block 0's waited-for pieces (piece: hop, kind, free before the wait, landed after free, us):");
+    for (int i = 0; i < n; i++) {
+        const int what = (int)t[S * i + 4], kind = what % 4;
+        if (kind >= kCsPieceKinds) continue;
+        of_kind[kind]++;
+        if (t[S * i + 2] - t[S * i + 1] <= 64) continue;
+        waited_kind[kind]++;
+        if (listed++ < 24)
+            fprintf(stderr, " %d: %d %c %.2f %.2f;", i, what / 4, "nrb"[kind], ((double)t[S * i + 1] - (double)t[S * i]) / 1e3,
+                    ((double)t[S * i + 2] - (double)t[S * i]) / 1e3);
+    }
+    fprintf(stderr, "\ncluster step trace, block 0's pieces by kind (waited for / all):");
+    for (int k = 0; k < kCsPieceKinds; k++) fprintf(stderr, " %s %d / %d", kind_name[k], waited_kind[k], of_kind[k]);
     fprintf(stderr, "\n");
 }
 // The 101st launch's stamps (cs_stamp), in us: the layers' phases, each kind of hop's mean (from
