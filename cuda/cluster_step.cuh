@@ -251,9 +251,9 @@ constexpr int kCsClsPhases = 4;
 // CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, kCsPieceStamps a
 // piece (its first kCsTracePieces of the step): %globaltimer when the producer found its slot free,
 // when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
-// instruction had been issued; then what the piece is (kCsPieceWhat).
+// instruction had been issued; then what the piece is: 4 * its hop + its kind (CS_PIECE_...).
 constexpr int kCsTracePieces = 4096, kCsPieceStamps = 5;
-enum { CS_PIECE_GAMMA, CS_PIECE_ROWS, CS_PIECE_BOX, kCsPieceKinds };   // its hop i's: as 4 * i + kind
+enum { CS_PIECE_GAMMA, CS_PIECE_ROWS, CS_PIECE_BOX, kCsPieceKinds };
 // Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
 __host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
     return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
@@ -1302,6 +1302,28 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 
 #ifdef CS_TRACE
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops);
+// The traced step's first n ring pieces (stamps t, kCsPieceStamps a piece) of each kind, those
+// that thread 0 waited for, and the first few of those: which hop, how long their slot had been
+// free before the wait, and how long from then to their landing.
+static void cs_pieces_by_kind(const unsigned long long *t, int n) {
+    constexpr int S = kCsPieceStamps;
+    int of_kind[kCsPieceKinds] = {}, waited_kind[kCsPieceKinds] = {}, listed = 0;
+    const char *kind_name[kCsPieceKinds] = {"norm weights", "rows", "key/value boxes"};
+    fprintf(stderr, "cluster step trace, block 0's waited-for pieces (piece: hop, kind, free before the wait, landed after free, us):");
+    for (int i = 0; i < n; i++) {
+        const int what = (int)t[S * i + 4], kind = what % 4;
+        if (kind >= kCsPieceKinds) continue;
+        of_kind[kind]++;
+        if (t[S * i + 2] - t[S * i + 1] <= 64) continue;
+        waited_kind[kind]++;
+        if (listed++ < 24)
+            fprintf(stderr, " %d: %d %c %.2f %.2f;", i, what / 4, "nrb"[kind], ((double)t[S * i + 1] - (double)t[S * i]) / 1e3,
+                    ((double)t[S * i + 2] - (double)t[S * i]) / 1e3);
+    }
+    fprintf(stderr, "\ncluster step trace, block 0's pieces by kind (waited for / all):");
+    for (int k = 0; k < kCsPieceKinds; k++) fprintf(stderr, " %s %d / %d", kind_name[k], waited_kind[k], of_kind[k]);
+    fprintf(stderr, "\n");
+}
 // Block 0's ring pieces in the traced step: of those that thread 0 waited for (over 64 ns), how
 // long before the wait the producer had found the slot free and how long the copy took from there
 // (the wait's end: it landed then); for all, how far ahead of their use their slots were free, and
@@ -1327,23 +1349,7 @@ static void cs_pieces_report(const GpuCluster *c) {
         fprintf(stderr, ", those free %.2f us before the wait (mean) and landed %.2f us after (mean; %.2f to %.2f)",
                 lead / waited / 1e3, flight / waited / 1e3, flight_min / 1e3, flight_max / 1e3);
     fprintf(stderr, "\n");
-    // the pieces of each kind, those waited for, and (the first few) which hop and how late
-    int of_kind[kCsPieceKinds] = {}, waited_kind[kCsPieceKinds] = {}, listed = 0;
-    const char *kind_name[kCsPieceKinds] = {"norm weights", "rows", "key/value boxes"};
-    fprintf(stderr, "cluster step trace, block 0's waited-for pieces (piece: hop, kind, free before the wait, landed after free, us):");
-    for (int i = 0; i < n; i++) {
-        const int what = (int)t[S * i + 4], kind = what % 4;
-        if (kind >= kCsPieceKinds) continue;
-        of_kind[kind]++;
-        if (t[S * i + 2] - t[S * i + 1] <= 64) continue;
-        waited_kind[kind]++;
-        if (listed++ < 24)
-            fprintf(stderr, " %d: %d %c %.2f %.2f;", i, what / 4, "nrb"[kind], ((double)t[S * i + 1] - (double)t[S * i]) / 1e3,
-                    ((double)t[S * i + 2] - (double)t[S * i]) / 1e3);
-    }
-    fprintf(stderr, "\ncluster step trace, block 0's pieces by kind (waited for / all):");
-    for (int k = 0; k < kCsPieceKinds; k++) fprintf(stderr, " %s %d / %d", kind_name[k], waited_kind[k], of_kind[k]);
-    fprintf(stderr, "\n");
+    cs_pieces_by_kind(t, n);
 }
 // The 101st launch's stamps (cs_stamp), in us: the layers' phases, each kind of hop's mean (from
 // its input's arrival to the next hop's), the classifier's.
