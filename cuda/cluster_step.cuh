@@ -27,6 +27,7 @@
 // (gpu_cluster_positions) run on another path over the same caches.
 #include <cuda.h>           // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
+#include <type_traits>     // std::conditional_t (CS_SENT_DIGITS)
 
 namespace {
 
@@ -436,6 +437,7 @@ struct CsGroupOf {
 template <int kChunks>
 struct CsLaneXOf {
     static constexpr int kMaxChunks = kChunks;
+    static constexpr bool kSent = false;
     uint4 d[kChunks][3];
     float u[kChunks];
     int scale[kChunks];
@@ -478,6 +480,68 @@ struct CsLaneXOf {
 };
 using CsLaneX = CsLaneXOf<kCsChunks>;
 
+// CS_SENT_DIGITS (a measurement build, NOTES 140): a normed hop's x digits made by the senders of
+// the residual hop before it, for each batch of 8 outputs (their step and their sum of squares
+// beside), and sent into every block's x buffer that the residual hop leaves free: 3 planes of
+// kCsMaxDim bytes (plane pl at pl * kCsSentPlane, a column a byte), then (step, sum of squares) a
+// batch of 8 columns at kCsSentSteps. The receivers neither stage nor meet at a barrier.
+constexpr int kCsSentPlane = kCsMaxDim, kCsSentSteps = 3 * kCsMaxDim;
+static_assert(kCsSentSteps + 8 * (kCsMaxDim / 8) <= (int)sizeof(float) * kCsMaxX && kCsMaxDim % 16 == 0,
+              "the sent digits fit an x buffer");
+#if defined(CS_SENT_DIGITS) && defined(CS_TAIL_ITEMS)
+#error "CS_SENT_DIGITS and CS_TAIL_ITEMS: one measurement build at a time"
+#endif
+// Whether hop i's x digits come from hop i - 1's senders: a normed QKV or w1/w3 after a residual hop.
+__device__ __forceinline__ bool cs_sent_digits(const CsSmem *s, int i) {
+#ifdef CS_SENT_DIGITS
+    return i > 0 && s->hops[i].gamma && (s->hops[i].kind == CS_QKV || s->hops[i].kind == CS_SWIGLU) && s->hops[i - 1].kind == CS_RESID;
+#else
+    (void)s, (void)i;
+    return false;
+#endif
+}
+
+// This lane's chunks of x as the senders made them: a chunk's two halves (a batch of 8 columns
+// each) have steps of their own (u: the first's, the second's; 0 past K's last batch).
+template <int kChunks>
+struct CsLaneSentOf {
+    static constexpr int kMaxChunks = kChunks;
+    static constexpr bool kSent = true;
+    uint4 d[kChunks][3];
+    float2 u[kChunks];
+    int scale[kChunks];
+    int chunks, full;
+    __device__ void load(const unsigned char *area, int K, int group_chunks) {
+        const int lane = threadIdx.x % 32, batches = (K + 7) / 8;
+        const CsGroupOf group_of(group_chunks);
+        chunks = full = (K + 15) / 16;
+        const float2 *su = reinterpret_cast<const float2 *>(area + kCsSentSteps);   // (step, sum of squares) a batch
+#pragma unroll
+        for (int j = 0; j < kChunks; j++) {
+            const int c = lane + 32 * j;
+            const bool in = c < full, second = 2 * c + 1 < batches;
+            u[j] = make_float2(in ? su[2 * c].x : 0.0f, in && second ? su[2 * c + 1].x : 0.0f);
+            scale[j] = group_of(min(c, chunks - 1));
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                uint4 w = in ? reinterpret_cast<const uint4 *>(area + pl * kCsSentPlane)[c] : make_uint4(0, 0, 0, 0);
+                if (!second) w.z = w.w = 0;   // (never sent)
+                d[j][pl] = w;
+            }
+        }
+    }
+};
+using CsLaneSent = CsLaneSentOf<kCsChunks>;
+
+// The norm's inverse RMS from the senders' sums of squares (a batch of 8 columns each), every
+// warp its own.
+__device__ __forceinline__ float cs_sent_inv_rms(const unsigned char *area, int K, float eps) {
+    const float2 *su = reinterpret_cast<const float2 *>(area + kCsSentSteps);
+    float ss = 0.0f;
+    for (int b = threadIdx.x % 32; b < (K + 7) / 8; b += 32) ss += su[b].y;
+    return inv_rms_of(warp_sum(ss), K, eps);
+}
+
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
     a = __dp4a((int)w.y, (int)d.y, a);
@@ -488,6 +552,18 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
 // A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
 __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
+}
+
+// CS_SENT_DIGITS: a chunk of a row times x's chunk whose halves have steps u.x and u.y: sum w . x.
+__device__ __forceinline__ float cs_dot_halves(uint4 w, const uint4 d[3], float2 u) {
+    const float f[3] = {1.0f, 1.0f / 254.0f, 1.0f / (254.0f * 254.0f)};
+    float a = 0.0f, b = 0.0f;
+#pragma unroll
+    for (int pl = 0; pl < 3; pl++) {
+        a = fmaf((float)__dp4a((int)w.y, (int)d[pl].y, __dp4a((int)w.x, (int)d[pl].x, 0)), f[pl], a);
+        b = fmaf((float)__dp4a((int)w.w, (int)d[pl].w, __dp4a((int)w.z, (int)d[pl].z, 0)), f[pl], b);
+    }
+    return fmaf(u.x, a, u.y * b);
 }
 
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
@@ -513,8 +589,12 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
-            acc[r] += scale[r] * x.u[j] * sum;
+            if constexpr (LaneX::kSent) {
+                acc[r] += scale[r] * cs_dot_halves(w[r], x.d[j], x.u[j]);
+            } else {
+                const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
+                acc[r] += scale[r] * x.u[j] * sum;
+            }
         }
     }
 #ifdef CS_TAIL_ITEMS
@@ -610,36 +690,90 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
+// CS_SENT_DIGITS: a residual hop's batch of 8 outputs (first a multiple of 8; lanes 4q..4q+3 hold
+// output q's y, x times the next norm's weight, and lane 4q its x squared in sq, the others 0) as
+// the next hop's x digits, their step and their sum of squares, into every block's sent area at
+// area_at (st.async counted on bar_at: 32 bytes a block).
+__device__ __forceinline__ void cs_send_digits8(uint32_t area_at, uint32_t bar_at, float y, float sq, int first, int cluster) {
+    const int lane = threadIdx.x % 32;
+    float m = fabsf(y), ss = sq;
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
+    ss = __shfl_sync(~0u, ss, 0);
+    const float step = m > 0.0f ? m / 127.0f : 1.0f;
+    uint32_t d[3] = {0, 0, 0};
+    cs_put_digits(y * (1.0f / step), lane / 4 % 4, d);
+    uint32_t lo[3], hi[3];   // each plane's bytes of outputs 0-3 and 4-7
+#pragma unroll
+    for (int pl = 0; pl < 3; pl++) {
+        uint32_t v = d[pl] | __shfl_xor_sync(~0u, d[pl], 4);
+        v |= __shfl_xor_sync(~0u, v, 8);   // lanes 0-15: outputs 0-3's bytes; lanes 16-31: 4-7's
+        const uint32_t other = __shfl_xor_sync(~0u, v, 16);
+        lo[pl] = lane < 16 ? v : other, hi[pl] = lane < 16 ? other : v;
+    }
+    if (lane >= cluster) return;
+    const uint32_t bar = cs_remote(bar_at, lane);
+#pragma unroll
+    for (int pl = 0; pl < 3; pl++)
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
+                         cs_remote(area_at + pl * kCsSentPlane + first, lane)),
+                     "r"(lo[pl]), "r"(hi[pl]), "r"(bar)
+                     : "memory");
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
+                     cs_remote(area_at + kCsSentSteps + first, lane)),   // batch first / 8's 8 bytes
+                 "r"(__float_as_uint(step)), "r"(__float_as_uint(ss)), "r"(bar)
+                 : "memory");
+}
+// A linear hop's digits as CS_SENT_DIGITS moves them: `area` the block's x buffer where this hop's
+// arrived (a hop whose inputs' digits were sent), `next` the next hop's norm weights and
+// `next_area` the buffer for its digits (a residual hop whose warps send them), else null and 0.
+struct CsSent {
+    const unsigned char *area;
+    const float *next;
+    uint32_t next_area;
+};
+
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
-template <typename KV>
+template <typename KV, bool kSent = false>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at) {
+                             uint32_t bar_at, const CsSent &sent = CsSent{nullptr, nullptr, 0}) {
     const int lane = threadIdx.x % 32;
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    CsLaneX lx;
+    std::conditional_t<kSent, CsLaneSent, CsLaneX> lx;
     float inv_rms;
+    if constexpr (kSent) {
+        // (a warp with no batch reads nothing of the buffer, which the hop after next's outputs
+        // may overwrite as soon as this block's outputs are all sent)
+        const bool has_rows = threadIdx.x / 32 < (cs_mine(h, rank) + 7) / 8;
+        (void)gamma;
+        inv_rms = has_rows ? cs_sent_inv_rms(sent.area, h.K, p.eps) : 1.0f;
+        ring.tick(2);
+        if (h.gamma) ring.release(0);
+        if (has_rows) lx.load(sent.area, h.K, h.group_chunks);
+    } else {
 #ifdef CS_TWICE
-    // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
-    // warps together before the first pass; if a phase's cost is its code's fetch, the second pass
-    // is the cheaper one)
-    cs_consumers_sync();
-    ring.tick(13);
+        // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code,
+        // the warps together before the first pass; if a phase's cost is its code's fetch, the
+        // second pass is the cheaper one)
+        cs_consumers_sync();
+        ring.tick(13);
 #pragma unroll 1
-    for (int pass = 0; pass < 2; pass++) {
-        inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-        if (pass == 0) ring.tick(14);
-    }
+        for (int pass = 0; pass < 2; pass++) {
+            inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+            if (pass == 0) ring.tick(14);
+        }
 #else
-    inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+        inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
-    ring.tick(2);
-    if (h.gamma) ring.release(0);
-    lx.load(s->digits, s->u, h.K, h.group_chunks);
+        ring.tick(2);
+        if (h.gamma) ring.release(0);
+        lx.load(s->digits, s->u, h.K, h.group_chunks);
+    }
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -651,6 +785,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
+#ifdef CS_SENT_DIGITS
+            // (the next norm's weight of this lane's row, asked for before the rows)
+            const float next_gamma = sent.next && b + lane / 4 < in_piece ? __ldg(sent.next + row0 + r0 + b + lane / 4) : 0.0f;
+#endif
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
@@ -666,6 +804,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
+#ifdef CS_SENT_DIGITS
+            if (sent.next)
+                cs_send_digits8(sent.next_area, bar_at, out * next_gamma, valid && lane % 4 == 0 ? out * out : 0.0f, row0 + r0 + b, p.cluster);
+#endif
             if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
             batch++;
@@ -875,10 +1017,24 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
         // so without this one could fall two of their phases behind, past what a parity tells
         cs_consumers_sync();
+#ifdef CS_SENT_DIGITS
+        const bool sends = h.kind == CS_RESID && i + 1 < p.n_hops && cs_sent_digits(s, i + 1);   // the next hop's digits
+        const CsSent sent = {reinterpret_cast<const unsigned char *>(s->xb[i & 1]), sends ? s->hops[i + 1].gamma : nullptr,
+                             cs_saddr(s->xb[(i + 1) & 1])};
+        const int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : 0;
+#else
+        const int sent_bytes = 0;
+#endif
         if (threadIdx.x == 0)   // (its phase before completed before any block could start this hop)
-            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows));
+            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows) + sent_bytes);
+#ifdef CS_SENT_DIGITS
+        piece += h.kind == CS_ATTN        ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
+                 : cs_sent_digits(s, i) ? cs_linear_hop<KV, true>(p, s, h, rank, ring, x, dst, bar_at, sent)
+                                        : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at, sent);
+#else
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
+#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
