@@ -108,12 +108,26 @@ struct CsSmem {
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
+#ifdef CS_SENT_DIGITS
+    float token[kCsMaxCluster];   // an attention hop's word from each block with no head (NOTES 140)
+#endif
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
 // Where a linear hop stages x's digits, free during the attention, which keeps its warps' parts
 // there.
 constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = offsetof(CsSmem, u) - offsetof(CsSmem, digits);
+// CS_SENT_DIGITS (a measurement build, NOTES 140; below): whether hop i's x digits come from hop
+// i - 1's senders, a normed QKV or w1/w3 after a residual hop (its norm's weights then unused,
+// not copied).
+__device__ __forceinline__ bool cs_sent_digits(const CsSmem *s, int i) {
+#ifdef CS_SENT_DIGITS
+    return i > 0 && s->hops[i].gamma && (s->hops[i].kind == CS_QKV || s->hops[i].kind == CS_SWIGLU) && s->hops[i - 1].kind == CS_RESID;
+#else
+    (void)s, (void)i;
+    return false;
+#endif
+}
 // cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
 struct CsClsSmem {
     unsigned char rows[kCsPreload];
@@ -355,7 +369,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-        if (h.gamma) {
+        if (h.gamma && !cs_sent_digits(s, i)) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
             issued(4 * i + CS_PIECE_GAMMA);
@@ -491,15 +505,6 @@ static_assert(kCsSentSteps + 8 * (kCsMaxDim / 8) <= (int)sizeof(float) * kCsMaxX
 #if defined(CS_SENT_DIGITS) && defined(CS_TAIL_ITEMS)
 #error "CS_SENT_DIGITS and CS_TAIL_ITEMS: one measurement build at a time"
 #endif
-// Whether hop i's x digits come from hop i - 1's senders: a normed QKV or w1/w3 after a residual hop.
-__device__ __forceinline__ bool cs_sent_digits(const CsSmem *s, int i) {
-#ifdef CS_SENT_DIGITS
-    return i > 0 && s->hops[i].gamma && (s->hops[i].kind == CS_QKV || s->hops[i].kind == CS_SWIGLU) && s->hops[i - 1].kind == CS_RESID;
-#else
-    (void)s, (void)i;
-    return false;
-#endif
-}
 
 // This lane's chunks of x as the senders made them: a chunk's two halves (a batch of 8 columns
 // each) have steps of their own (u: the first's, the second's; 0 past K's last batch).
@@ -742,18 +747,17 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const int lane = threadIdx.x % 32;
     int piece = 0;
     const float *gamma = nullptr;
-    if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
+    if (h.gamma && !kSent) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
     std::conditional_t<kSent, CsLaneSent, CsLaneX> lx;
     float inv_rms;
     if constexpr (kSent) {
-        // (a warp with no batch reads nothing of the buffer, which the hop after next's outputs
-        // may overwrite as soon as this block's outputs are all sent)
+        // (a warp with no batch reads nothing of the buffer, which the next hop's outputs or
+        // digits may overwrite as soon as this block's outputs are all sent)
         const bool has_rows = threadIdx.x / 32 < (cs_mine(h, rank) + 7) / 8;
         (void)gamma;
         inv_rms = has_rows ? cs_sent_inv_rms(sent.area, h.K, p.eps) : 1.0f;
         ring.tick(2);
-        if (h.gamma) ring.release(0);
         if (has_rows) lx.load(sent.area, h.K, h.group_chunks);
     } else {
 #ifdef CS_TWICE
@@ -884,6 +888,12 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
     const float scale = 1.0f / sqrtf((float)p.hs);
+#ifdef CS_SENT_DIGITS
+    // A block with no head sends every block a word, so that no block starts the next hop (whose
+    // senders write the next digits where this hop's input was) before this block's input has
+    // all landed: its input barrier's phase cannot end on the next hop's bytes.
+    if (rank >= p.n_heads && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+#endif
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
         const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
@@ -1021,7 +1031,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         const bool sends = h.kind == CS_RESID && i + 1 < p.n_hops && cs_sent_digits(s, i + 1);   // the next hop's digits
         const CsSent sent = {reinterpret_cast<const unsigned char *>(s->xb[i & 1]), sends ? s->hops[i + 1].gamma : nullptr,
                              cs_saddr(s->xb[(i + 1) & 1])};
-        const int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : 0;
+        const int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : h.kind == CS_ATTN ? 4 * max(0, p.cluster - p.n_heads) : 0;   // digits, words
 #else
         const int sent_bytes = 0;
 #endif
