@@ -38,6 +38,12 @@ namespace {
 #ifndef CS_WARPS
 #define CS_WARPS 8
 #endif
+// CS_TOKENS (CS_ALL_SEND, a build for the next measurements; and CS_SENT_DIGITS, which needs it):
+// a block with no rows (or no head) in a hop sends every block a word, so that every block takes
+// part in every hand-over (NOTES 140).
+#if defined(CS_SENT_DIGITS) || defined(CS_ALL_SEND)
+#define CS_TOKENS
+#endif
 constexpr int kCsWarps = CS_WARPS, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
 // CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
 #ifndef CS_MAX_CLUSTER
@@ -108,8 +114,8 @@ struct CsSmem {
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
-#ifdef CS_SENT_DIGITS
-    float token[kCsMaxCluster];   // an attention hop's word from each block with no head (NOTES 140)
+#ifdef CS_TOKENS
+    float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send (NOTES 140)
 #endif
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
@@ -322,6 +328,14 @@ constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's ar
 
 // A linear hop's rows in this block.
 __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
+// Whether block `rank` has nothing to send in hop h (no rows, or no head), and how many have not.
+__device__ __forceinline__ bool cs_idle(const CsParams &p, const CsHop &h, int rank) {
+    return h.kind == CS_ATTN ? rank >= p.n_heads : cs_mine(h, rank) == 0;
+}
+__device__ __forceinline__ int cs_idle_blocks(const CsParams &p, const CsHop &h) {
+    const int busy = h.kind == CS_ATTN ? p.n_heads : (h.rows + h.rows_per_block - 1) / h.rows_per_block;
+    return max(0, p.cluster - busy);
+}
 
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
@@ -888,12 +902,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
     const float scale = 1.0f / sqrtf((float)p.hs);
-#ifdef CS_SENT_DIGITS
-    // A block with no head sends every block a word, so that no block starts the next hop (whose
-    // senders write the next digits where this hop's input was) before this block's input has
-    // all landed: its input barrier's phase cannot end on the next hop's bytes.
-    if (rank >= p.n_heads && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-#endif
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
         const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
@@ -1031,9 +1039,17 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         const bool sends = h.kind == CS_RESID && i + 1 < p.n_hops && cs_sent_digits(s, i + 1);   // the next hop's digits
         const CsSent sent = {reinterpret_cast<const unsigned char *>(s->xb[i & 1]), sends ? s->hops[i + 1].gamma : nullptr,
                              cs_saddr(s->xb[(i + 1) & 1])};
-        const int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : h.kind == CS_ATTN ? 4 * max(0, p.cluster - p.n_heads) : 0;   // digits, words
+        int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : 0;   // the next hop's digits
 #else
-        const int sent_bytes = 0;
+        int sent_bytes = 0;
+#endif
+#ifdef CS_TOKENS
+        // Every block takes part in every hand-over: one with nothing to send sends each block a
+        // word after its own input has all landed, so that no block's next hop (whose senders may
+        // write where this hop's input was) starts before every block's input is in, and no
+        // input barrier's phase ends on the next hop's bytes.
+        sent_bytes += 4 * cs_idle_blocks(p, h);
+        if (cs_idle(p, h, rank) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
 #endif
         if (threadIdx.x == 0)   // (its phase before completed before any block could start this hop)
             mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows) + sent_bytes);
