@@ -1,7 +1,7 @@
 // cluster_step.cuh: a small model's decode step with its layers on one thread-block cluster and
 // its classifier on the other SMs (sm_90), then its host side. The design, its probe and what it
 // measured: bench/NOTES.md 111, 112 and 114-118.
-//   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and 8 consumer warps
+//   cs_layers_kernel      one cluster of 16 (or 8) blocks, a producer warp and kCsWarps consumer warps
 //                         each: every block keeps the residual stream and the x of its hop in its
 //                         own shared memory; a hop's writers send each output into every block's
 //                         copy by st.async, whose bytes complete that block's mbarrier (armed by
@@ -333,8 +333,8 @@ __device__ __forceinline__ bool cs_idle(const CsParams &p, const CsHop &h, int r
     return h.kind == CS_ATTN ? rank >= p.n_heads : cs_mine(h, rank) == 0;
 }
 __device__ __forceinline__ int cs_idle_blocks(const CsParams &p, const CsHop &h) {
-    const int busy = h.kind == CS_ATTN ? p.n_heads : (h.rows + h.rows_per_block - 1) / h.rows_per_block;
-    return max(0, p.cluster - busy);
+    const int busy = h.kind == CS_ATTN ? min(p.n_heads, p.cluster) : (h.rows + h.rows_per_block - 1) / h.rows_per_block;
+    return p.cluster - busy;   // (linear: the ranks from ceil(rows / rows_per_block) on, cs_mine's zeros)
 }
 
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
@@ -759,6 +759,14 @@ template <typename KV, bool kSent = false>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
                              uint32_t bar_at, const CsSent &sent = CsSent{nullptr, nullptr, 0}) {
     const int lane = threadIdx.x % 32;
+#ifdef CS_TOKENS
+    if (cs_mine(h, rank) == 0) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
+        if (!h.gamma || kSent) return 0;
+        ring.wait(0);
+        ring.release(0);
+        return 1;
+    }
+#endif
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma && !kSent) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
@@ -854,7 +862,7 @@ __device__ __forceinline__ float cs_score(const CsParams &p, CsSmem *s, const fl
 }
 
 // The attention in warp slices (NOTES 116, 117). The positions [0, P] are dealt in contiguous
-// slices to the 8 warps; each warp takes its slice's scores, their maximum and the exponentials'
+// slices to the kCsWarps warps; each warp takes its slice's scores, their maximum and the exponentials'
 // sum by shuffles (no barrier), then its part of the weighted sum of the value rows (a lane a pair
 // of dimensions, every position of the slice); after one barrier, a thread a (block, 4 dimensions)
 // combines the warps' parts as flash-decoding combines its splits and sends them by one st.async.
