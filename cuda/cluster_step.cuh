@@ -27,24 +27,15 @@
 // (gpu_cluster_positions) run on another path over the same caches.
 #include <cuda.h>           // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda)
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled_v12000
-#include <type_traits>     // std::conditional_t (CS_SENT_DIGITS)
 
 namespace {
 
-// CS_WARPS: the consumer warps a block. 12 is a measurement build (NOTES 139): a long hop's
-// batches of 8 rows dealt over more warps, and still at most 4 warps on a scheduler with the
-// producer's (16 would put 5 on one: fewer registers a thread, and the attention's parts past
-// the shared memory of the largest shapes).
-#ifndef CS_WARPS
-#define CS_WARPS 8
-#endif
-// CS_TOKENS (CS_ALL_SEND, a build for the next measurements; and CS_SENT_DIGITS, which needs it):
-// a block with no rows (or no head) in a hop sends every block a word, so that every block takes
-// part in every hand-over (NOTES 140).
-#if defined(CS_SENT_DIGITS) || defined(CS_ALL_SEND)
+// CS_TOKENS (CS_ALL_SEND, a measurement build, NOTES 140): a block with no rows (or no head) in a
+// hop sends every block a word, so that every block takes part in every hand-over.
+#ifdef CS_ALL_SEND
 #define CS_TOKENS
 #endif
-constexpr int kCsWarps = CS_WARPS, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
+constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
 // CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
 #ifndef CS_MAX_CLUSTER
 #define CS_MAX_CLUSTER 16
@@ -64,6 +55,7 @@ enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 struct CsHop {
     int kind, K, rows, rec, rows_per_block, rows_per_piece;
     int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
+    int idle;                           // the blocks with no rows (CS_TOKENS: no division on the hop's chain)
     const unsigned char *w;
     const float *gamma;   // the norm's weights (K), or null
 };
@@ -106,34 +98,19 @@ struct CsSmem {
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
     uint32_t digits[3][kCsMaxX / 4];
-#if CS_WARPS > 8
-    // (CS_WARPS 12, a measurement build: the attention's warps' parts need more than the digits)
-    float parts_room[CS_WARPS * (kCsMaxHead + 4) - 3 * kCsMaxX / 4];
-#endif
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
 #ifdef CS_TOKENS
-    float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send (NOTES 140)
+    float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send
 #endif
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
 // Where a linear hop stages x's digits, free during the attention, which keeps its warps' parts
 // there.
-constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = offsetof(CsSmem, u) - offsetof(CsSmem, digits);
-// CS_SENT_DIGITS (a measurement build, NOTES 140; below): whether hop i's x digits come from hop
-// i - 1's senders, a normed QKV or w1/w3 after a residual hop (its norm's weights then unused,
-// not copied).
-__device__ __forceinline__ bool cs_sent_digits(const CsSmem *s, int i) {
-#ifdef CS_SENT_DIGITS
-    return i > 0 && s->hops[i].gamma && (s->hops[i].kind == CS_QKV || s->hops[i].kind == CS_SWIGLU) && s->hops[i - 1].kind == CS_RESID;
-#else
-    (void)s, (void)i;
-    return false;
-#endif
-}
+constexpr size_t kCsScratchAt = offsetof(CsSmem, digits), kCsScratchBytes = sizeof(CsSmem::digits);
 // cs_classifier_kernel's: its rows, the norm's weights, x and its digits.
 struct CsClsSmem {
     unsigned char rows[kCsPreload];
@@ -333,8 +310,7 @@ __device__ __forceinline__ bool cs_idle(const CsParams &p, const CsHop &h, int r
     return h.kind == CS_ATTN ? rank >= p.n_heads : cs_mine(h, rank) == 0;
 }
 __device__ __forceinline__ int cs_idle_blocks(const CsParams &p, const CsHop &h) {
-    const int busy = h.kind == CS_ATTN ? min(p.n_heads, p.cluster) : (h.rows + h.rows_per_block - 1) / h.rows_per_block;
-    return p.cluster - busy;   // (linear: the ranks from ceil(rows / rows_per_block) on, cs_mine's zeros)
+    return h.kind == CS_ATTN ? max(0, p.cluster - p.n_heads) : h.idle;
 }
 
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
@@ -383,7 +359,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-        if (h.gamma && !cs_sent_digits(s, i)) {
+        if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
             issued(4 * i + CS_PIECE_GAMMA);
@@ -465,7 +441,6 @@ struct CsGroupOf {
 template <int kChunks>
 struct CsLaneXOf {
     static constexpr int kMaxChunks = kChunks;
-    static constexpr bool kSent = false;
     uint4 d[kChunks][3];
     float u[kChunks];
     int scale[kChunks];
@@ -508,59 +483,6 @@ struct CsLaneXOf {
 };
 using CsLaneX = CsLaneXOf<kCsChunks>;
 
-// CS_SENT_DIGITS (a measurement build, NOTES 140): a normed hop's x digits made by the senders of
-// the residual hop before it, for each batch of 8 outputs (their step and their sum of squares
-// beside), and sent into every block's x buffer that the residual hop leaves free: 3 planes of
-// kCsMaxDim bytes (plane pl at pl * kCsSentPlane, a column a byte), then (step, sum of squares) a
-// batch of 8 columns at kCsSentSteps. The receivers neither stage nor meet at a barrier.
-constexpr int kCsSentPlane = kCsMaxDim, kCsSentSteps = 3 * kCsMaxDim;
-static_assert(kCsSentSteps + 8 * (kCsMaxDim / 8) <= (int)sizeof(float) * kCsMaxX && kCsMaxDim % 16 == 0,
-              "the sent digits fit an x buffer");
-#if defined(CS_SENT_DIGITS) && defined(CS_TAIL_ITEMS)
-#error "CS_SENT_DIGITS and CS_TAIL_ITEMS: one measurement build at a time"
-#endif
-
-// This lane's chunks of x as the senders made them: a chunk's two halves (a batch of 8 columns
-// each) have steps of their own (u: the first's, the second's; 0 past K's last batch).
-template <int kChunks>
-struct CsLaneSentOf {
-    static constexpr int kMaxChunks = kChunks;
-    static constexpr bool kSent = true;
-    uint4 d[kChunks][3];
-    float2 u[kChunks];
-    int scale[kChunks];
-    int chunks, full;
-    __device__ void load(const unsigned char *area, int K, int group_chunks) {
-        const int lane = threadIdx.x % 32, batches = (K + 7) / 8;
-        const CsGroupOf group_of(group_chunks);
-        chunks = full = (K + 15) / 16;
-        const float2 *su = reinterpret_cast<const float2 *>(area + kCsSentSteps);   // (step, sum of squares) a batch
-#pragma unroll
-        for (int j = 0; j < kChunks; j++) {
-            const int c = lane + 32 * j;
-            const bool in = c < full, second = 2 * c + 1 < batches;
-            u[j] = make_float2(in ? su[2 * c].x : 0.0f, in && second ? su[2 * c + 1].x : 0.0f);
-            scale[j] = group_of(min(c, chunks - 1));
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                uint4 w = in ? reinterpret_cast<const uint4 *>(area + pl * kCsSentPlane)[c] : make_uint4(0, 0, 0, 0);
-                if (!second) w.z = w.w = 0;   // (never sent)
-                d[j][pl] = w;
-            }
-        }
-    }
-};
-using CsLaneSent = CsLaneSentOf<kCsChunks>;
-
-// The norm's inverse RMS from the senders' sums of squares (a batch of 8 columns each), every
-// warp its own.
-__device__ __forceinline__ float cs_sent_inv_rms(const unsigned char *area, int K, float eps) {
-    const float2 *su = reinterpret_cast<const float2 *>(area + kCsSentSteps);
-    float ss = 0.0f;
-    for (int b = threadIdx.x % 32; b < (K + 7) / 8; b += 32) ss += su[b].y;
-    return inv_rms_of(warp_sum(ss), K, eps);
-}
-
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
     a = __dp4a((int)w.y, (int)d.y, a);
@@ -571,18 +493,6 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
 // A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
 __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
-}
-
-// CS_SENT_DIGITS: a chunk of a row times x's chunk whose halves have steps u.x and u.y: sum w . x.
-__device__ __forceinline__ float cs_dot_halves(uint4 w, const uint4 d[3], float2 u) {
-    const float f[3] = {1.0f, 1.0f / 254.0f, 1.0f / (254.0f * 254.0f)};
-    float a = 0.0f, b = 0.0f;
-#pragma unroll
-    for (int pl = 0; pl < 3; pl++) {
-        a = fmaf((float)__dp4a((int)w.y, (int)d[pl].y, __dp4a((int)w.x, (int)d[pl].x, 0)), f[pl], a);
-        b = fmaf((float)__dp4a((int)w.w, (int)d[pl].w, __dp4a((int)w.z, (int)d[pl].z, 0)), f[pl], b);
-    }
-    return fmaf(u.x, a, u.y * b);
 }
 
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
@@ -608,12 +518,8 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            if constexpr (LaneX::kSent) {
-                acc[r] += scale[r] * cs_dot_halves(w[r], x.d[j], x.u[j]);
-            } else {
-                const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
-                acc[r] += scale[r] * x.u[j] * sum;
-            }
+            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
+            acc[r] += scale[r] * x.u[j] * sum;
         }
     }
 #ifdef CS_TAIL_ITEMS
@@ -678,8 +584,8 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
 // a hop's batches dealt round the warps across its pieces (a slot holds 8 to 48 rows: dealt a
 // piece at a time, the first warps would do all the work of the long rows).
 __device__ __forceinline__ int cs_first_batch(int r0) {
-    if constexpr ((kCsWarps & (kCsWarps - 1)) == 0) return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));   // (r0 >= 0)
-    else return 8 * ((threadIdx.x / 32 + kCsWarps - (r0 >> 3) % kCsWarps) % kCsWarps);   // (CS_WARPS 12)
+    static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two (r0 >= 0: the modulo as a mask)");
+    return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));
 }
 
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
@@ -709,59 +615,16 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
-// CS_SENT_DIGITS: a residual hop's batch of 8 outputs (first a multiple of 8; lanes 4q..4q+3 hold
-// output q's y, x times the next norm's weight, and lane 4q its x squared in sq, the others 0) as
-// the next hop's x digits, their step and their sum of squares, into every block's sent area at
-// area_at (st.async counted on bar_at: 32 bytes a block).
-__device__ __forceinline__ void cs_send_digits8(uint32_t area_at, uint32_t bar_at, float y, float sq, int first, int cluster) {
-    const int lane = threadIdx.x % 32;
-    float m = fabsf(y), ss = sq;
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
-    ss = __shfl_sync(~0u, ss, 0);
-    const float step = m > 0.0f ? m / 127.0f : 1.0f;
-    uint32_t d[3] = {0, 0, 0};
-    cs_put_digits(y * (1.0f / step), lane / 4 % 4, d);
-    uint32_t lo[3], hi[3];   // each plane's bytes of outputs 0-3 and 4-7
-#pragma unroll
-    for (int pl = 0; pl < 3; pl++) {
-        uint32_t v = d[pl] | __shfl_xor_sync(~0u, d[pl], 4);
-        v |= __shfl_xor_sync(~0u, v, 8);   // lanes 0-15: outputs 0-3's bytes; lanes 16-31: 4-7's
-        const uint32_t other = __shfl_xor_sync(~0u, v, 16);
-        lo[pl] = lane < 16 ? v : other, hi[pl] = lane < 16 ? other : v;
-    }
-    if (lane >= cluster) return;
-    const uint32_t bar = cs_remote(bar_at, lane);
-#pragma unroll
-    for (int pl = 0; pl < 3; pl++)
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
-                         cs_remote(area_at + pl * kCsSentPlane + first, lane)),
-                     "r"(lo[pl]), "r"(hi[pl]), "r"(bar)
-                     : "memory");
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(
-                     cs_remote(area_at + kCsSentSteps + first, lane)),   // batch first / 8's 8 bytes
-                 "r"(__float_as_uint(step)), "r"(__float_as_uint(ss)), "r"(bar)
-                 : "memory");
-}
-// A linear hop's digits as CS_SENT_DIGITS moves them: `area` the block's x buffer where this hop's
-// arrived (a hop whose inputs' digits were sent), `next` the next hop's norm weights and
-// `next_area` the buffer for its digits (a residual hop whose warps send them), else null and 0.
-struct CsSent {
-    const unsigned char *area;
-    const float *next;
-    uint32_t next_area;
-};
-
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
-template <typename KV, bool kSent = false>
+template <typename KV>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at, const CsSent &sent = CsSent{nullptr, nullptr, 0}) {
+                             uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
 #ifdef CS_TOKENS
     if (cs_mine(h, rank) == 0) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
-        if (!h.gamma || kSent) return 0;
+        if (!h.gamma) return 0;
         ring.wait(0);
         ring.release(0);
         return 1;
@@ -769,37 +632,27 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #endif
     int piece = 0;
     const float *gamma = nullptr;
-    if (h.gamma && !kSent) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
+    if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    std::conditional_t<kSent, CsLaneSent, CsLaneX> lx;
+    CsLaneX lx;
     float inv_rms;
-    if constexpr (kSent) {
-        // (a warp with no batch reads nothing of the buffer, which the next hop's outputs or
-        // digits may overwrite as soon as this block's outputs are all sent)
-        const bool has_rows = threadIdx.x / 32 < (cs_mine(h, rank) + 7) / 8;
-        (void)gamma;
-        inv_rms = has_rows ? cs_sent_inv_rms(sent.area, h.K, p.eps) : 1.0f;
-        ring.tick(2);
-        if (has_rows) lx.load(sent.area, h.K, h.group_chunks);
-    } else {
 #ifdef CS_TWICE
-        // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code,
-        // the warps together before the first pass; if a phase's cost is its code's fetch, the
-        // second pass is the cheaper one)
-        cs_consumers_sync();
-        ring.tick(13);
+    // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
+    // warps together before the first pass; if a phase's cost is its code's fetch, the second pass
+    // is the cheaper one)
+    cs_consumers_sync();
+    ring.tick(13);
 #pragma unroll 1
-        for (int pass = 0; pass < 2; pass++) {
-            inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-            if (pass == 0) ring.tick(14);
-        }
-#else
+    for (int pass = 0; pass < 2; pass++) {
         inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-#endif
-        ring.tick(2);
-        if (h.gamma) ring.release(0);
-        lx.load(s->digits, s->u, h.K, h.group_chunks);
+        if (pass == 0) ring.tick(14);
     }
+#else
+    inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+#endif
+    ring.tick(2);
+    if (h.gamma) ring.release(0);
+    lx.load(s->digits, s->u, h.K, h.group_chunks);
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -811,10 +664,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
-#ifdef CS_SENT_DIGITS
-            // (the next norm's weight of this lane's row, asked for before the rows)
-            const float next_gamma = sent.next && b + lane / 4 < in_piece ? __ldg(sent.next + row0 + r0 + b + lane / 4) : 0.0f;
-#endif
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
@@ -830,10 +679,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
-#ifdef CS_SENT_DIGITS
-            if (sent.next)
-                cs_send_digits8(sent.next_area, bar_at, out * next_gamma, valid && lane % 4 == 0 ? out * out : 0.0f, row0 + r0 + b, p.cluster);
-#endif
             if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
             batch++;
@@ -1043,32 +888,19 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
         // so without this one could fall two of their phases behind, past what a parity tells
         cs_consumers_sync();
-#ifdef CS_SENT_DIGITS
-        const bool sends = h.kind == CS_RESID && i + 1 < p.n_hops && cs_sent_digits(s, i + 1);   // the next hop's digits
-        const CsSent sent = {reinterpret_cast<const unsigned char *>(s->xb[i & 1]), sends ? s->hops[i + 1].gamma : nullptr,
-                             cs_saddr(s->xb[(i + 1) & 1])};
-        int sent_bytes = sends ? 32 * ((h.rows + 7) / 8) : 0;   // the next hop's digits
-#else
-        int sent_bytes = 0;
-#endif
+        int token_bytes = 0;
 #ifdef CS_TOKENS
         // Every block takes part in every hand-over: one with nothing to send sends each block a
         // word after its own input has all landed, so that no block's next hop (whose senders may
         // write where this hop's input was) starts before every block's input is in, and no
-        // input barrier's phase ends on the next hop's bytes.
-        sent_bytes += 4 * cs_idle_blocks(p, h);
+        // input barrier's phase ends on the next hop's bytes (NOTES 140).
+        token_bytes = 4 * cs_idle_blocks(p, h);
         if (cs_idle(p, h, rank) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
 #endif
         if (threadIdx.x == 0)   // (its phase before completed before any block could start this hop)
-            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows) + sent_bytes);
-#ifdef CS_SENT_DIGITS
-        piece += h.kind == CS_ATTN        ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                 : cs_sent_digits(s, i) ? cs_linear_hop<KV, true>(p, s, h, rank, ring, x, dst, bar_at, sent)
-                                        : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at, sent);
-#else
+            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows) + token_bytes);
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
-#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1263,6 +1095,7 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.bias_at = bias ? round_up(K, 16) + 4 * groups : 0;
     h.rec = round_up(K, 16) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
+    h.idle = cluster - std::min(cluster, ceil_div_i(h.rows, h.rows_per_block));   // the ranks past the last with rows: cs_mine's zeros
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
     if (pack) {
         CsPackSrc src = {};
@@ -1491,6 +1324,9 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 }
 
 #ifdef CS_TRACE
+// ns from stamp a to stamp b (%globaltimer, or clock64), signed: the difference taken in 64 bits
+// first (a stamp as a double rounds to 256 ns).
+static double cs_ns(unsigned long long a, unsigned long long b) { return (double)(long long)(b - a); }
 static void cs_ticks_report(const GpuCluster *c, const CsHop *hops);
 // The traced step's first n ring pieces (stamps t, kCsPieceStamps a piece) of each kind, those
 // that thread 0 waited for, and the first few of those: which hop, how long their slot had been
@@ -1507,8 +1343,8 @@ static void cs_pieces_by_kind(const unsigned long long *t, int n) {
         if (t[S * i + 2] - t[S * i + 1] <= 64) continue;
         waited_kind[kind]++;
         if (listed++ < 24)
-            fprintf(stderr, " %d: %d %c %.2f %.2f;", i, what / 4, "nrb"[kind], ((double)t[S * i + 1] - (double)t[S * i]) / 1e3,
-                    ((double)t[S * i + 2] - (double)t[S * i]) / 1e3);
+            fprintf(stderr, " %d: %d %c %.2f %.2f;", i, what / 4, "nrb"[kind], cs_ns(t[S * i], t[S * i + 1]) / 1e3,
+                    cs_ns(t[S * i], t[S * i + 2]) / 1e3);
     }
     fprintf(stderr, "\ncluster step trace, block 0's pieces by kind (waited for / all):");
     for (int k = 0; k < kCsPieceKinds; k++) fprintf(stderr, " %s %d / %d", kind_name[k], waited_kind[k], of_kind[k]);
@@ -1525,7 +1361,9 @@ static void cs_pieces_report(const GpuCluster *c) {
     int n = 0, waited = 0;
     double lead_all = 0, waited_us = 0, lead = 0, flight = 0, flight_min = 1e30, flight_max = 0, issue = 0, issue_max = 0;
     for (int i = 0; i < kCsTracePieces && t[S * i] && t[S * i + 1] && t[S * i + 2] && t[S * i + 3]; i++, n++) {
-        const double freed = (double)t[S * i], need = (double)t[S * i + 1], got = (double)t[S * i + 2], sent = (double)t[S * i + 3];
+        // (from the slot's freeing, ns; differences of the 64-bit stamps: as doubles the stamps
+        // themselves would round to 256 ns)
+        const double freed = 0.0, need = cs_ns(t[S * i], t[S * i + 1]), got = cs_ns(t[S * i], t[S * i + 2]), sent = cs_ns(t[S * i], t[S * i + 3]);
         lead_all += need - freed, issue += sent - freed, issue_max = std::max(issue_max, sent - freed);
         if (got - need <= 64) continue;
         waited++, waited_us += (got - need) / 1e3, lead += need - freed;
@@ -1555,8 +1393,8 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     for (int i = 0; i < n; i++) {
         const int k = hops[i].kind;
         kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
-        if (t[2 * n + 5 + i]) first_us[k] += ((double)t[2 * n + 5 + i] - (double)t[2 + i]) / 1e3;   // (attention: block 0 has a head)
-        work_us[k] += ((double)t[3 * n + 5 + i] - (double)t[2 + i]) / 1e3;
+        if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3;   // (attention: block 0 has a head)
+        work_us[k] += cs_ns(t[2 + i], t[3 * n + 5 + i]) / 1e3;
     }
     fprintf(stderr, "cluster step trace, block 0's own part of each hop (us, QKV / attention / output projection and w2 / w1/w3): "
             "to x's digits (linear) or the softmax (attention) %.2f / %.2f / %.2f / %.2f; to its outputs sent %.2f / %.2f / %.2f / %.2f\n",
@@ -1570,7 +1408,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             (t[1] - t[0]) / 1e3, (t[2 + n] - t[1]) / 1e3, (t[2 + n] - t[1]) / 1e3 / (n / 5), kind_us[CS_QKV] / kind_n[CS_QKV],
             kind_us[CS_ATTN] / kind_n[CS_ATTN], kind_us[CS_RESID] / kind_n[CS_RESID], kind_us[CS_SWIGLU] / kind_n[CS_SWIGLU],
             ring_us[CS_QKV] / kind_n[CS_QKV], ring_us[CS_ATTN] / kind_n[CS_ATTN], ring_us[CS_RESID] / kind_n[CS_RESID],
-            ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], ((double)t[n + 3] - (double)t[2 + n]) / 1e3, ((double)t[n + 4] - (double)t[n + 3]) / 1e3);
+            ring_us[CS_SWIGLU] / kind_n[CS_SWIGLU], cs_ns(t[2 + n], t[n + 3]) / 1e3, cs_ns(t[n + 3], t[n + 4]) / 1e3);
     // where in the step the ring's waits fall (NOTES 135): block 0's, a layer at a time
     fprintf(stderr, "cluster step trace, block 0's waits for the ring by layer, us (the layer's time):");
     for (int first = 0; first < n; first += 5) {
@@ -1583,7 +1421,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     cs_pieces_report(c);
     unsigned long long ph[kCsClsPhases];
     CUDA_CHECK(cudaMemcpy(ph, c->c.phases, sizeof(ph), cudaMemcpyDeviceToHost));
-    auto since = [&](unsigned long long a, unsigned long long b) { return ((double)b - (double)a) / 1e3; };
+    auto since = [&](unsigned long long a, unsigned long long b) { return cs_ns(a, b) / 1e3; };
     fprintf(stderr,
             "cluster step trace, the classifier's block 0 (us): from its wait done to its x in %.2f, x's digits staged and each "
             "lane's loaded %.2f, warp 0's rows %.2f, the block's rows and argmax %.2f; from there to the token fed (by the last "
@@ -1646,7 +1484,7 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
                     unsigned long long next = ~0ull;
                     for (int w = 0; w < kCsWarps; w++)
                         if (at(r, i + 1, w)[11]) next = at(r, i + 1, w)[11] < next ? at(r, i + 1, w)[11] : next;
-                    if (next != ~0ull) gap += (double)next - (double)last, gaps++;
+                    if (next != ~0ull) gap += cs_ns(last, next), gaps++;
                 }
         }
         fprintf(stderr, "cluster step ticks, %s: first input to the last warp's end %.0f ns, from there to the next inputs %.0f ns; "
