@@ -1361,13 +1361,12 @@ static void cs_pieces_report(const GpuCluster *c) {
     int n = 0, waited = 0;
     double lead_all = 0, waited_us = 0, lead = 0, flight = 0, flight_min = 1e30, flight_max = 0, issue = 0, issue_max = 0;
     for (int i = 0; i < kCsTracePieces && t[S * i] && t[S * i + 1] && t[S * i + 2] && t[S * i + 3]; i++, n++) {
-        // (from the slot's freeing, ns; differences of the 64-bit stamps: as doubles the stamps
-        // themselves would round to 256 ns)
-        const double freed = 0.0, need = cs_ns(t[S * i], t[S * i + 1]), got = cs_ns(t[S * i], t[S * i + 2]), sent = cs_ns(t[S * i], t[S * i + 3]);
-        lead_all += need - freed, issue += sent - freed, issue_max = std::max(issue_max, sent - freed);
+        // ns from the slot's freeing to the wait's start, its end, the copy's issue
+        const double need = cs_ns(t[S * i], t[S * i + 1]), got = cs_ns(t[S * i], t[S * i + 2]), sent = cs_ns(t[S * i], t[S * i + 3]);
+        lead_all += need, issue += sent, issue_max = std::max(issue_max, sent);
         if (got - need <= 64) continue;
-        waited++, waited_us += (got - need) / 1e3, lead += need - freed;
-        flight += got - freed, flight_min = std::min(flight_min, got - freed), flight_max = std::max(flight_max, got - freed);
+        waited++, waited_us += (got - need) / 1e3, lead += need;
+        flight += got, flight_min = std::min(flight_min, got), flight_max = std::max(flight_max, got);
     }
     if (!n) return;
     fprintf(stderr, "cluster step trace, block 0's ring pieces: %d, slots free a mean of %.2f us before thread 0 waited for them, copies "
