@@ -1,6 +1,5 @@
-// bench/copy_probe.cu: how long the cluster step's ring copies take by themselves (bench/NOTES.md
-// 135: in the step, the pieces that the consumers waited for had landed 7-24 us after their
-// issue). A ring's pieces copied from global to shared memory all at once, each completing its
+// bench/copy_probe.cu: how long the cluster step's ring copies take by themselves (asked by
+// bench/NOTES.md 135, whose late pieces NOTES 141 found to be the trace's rounding). A ring's pieces copied from global to shared memory all at once, each completing its
 // own mbarrier, in one of two ways:
 //   bulk     cp.async.bulk by one thread, as the cluster step's producer issues them (the copy
 //            unit moves each piece)
@@ -16,11 +15,12 @@
 // Then a ring in steady state, as the cluster step runs it: 12 slots of 16 KB, a producer thread
 // issuing a bulk copy as soon as its slot is free, a consumer thread waiting for each piece in
 // turn, holding it `hold` ns (the step's consumers take about a microsecond a piece) and releasing
-// it; 96 pieces a block, from DRAM. On 16 blocks spread over the GPU, on 16 as one cluster (one
-// GPC: the cluster step's layers), on 8 clusters of 16, and on every SM. Prints the medians over
-// the blocks of the block's rate (its bytes over its first issue to its last landing), of how long
-// the pieces took from issue to landing (stamped where the consumer waited for them), and how many
-// it waited for.
+// it; 96 pieces a block, from DRAM. On 1 block, on 16 spread over the GPU, on 16 as one cluster
+// (one GPC: the cluster step's layers), on as many clusters of 16 as fit, and on every SM. Prints
+// the medians over the blocks of the block's rate (its bytes over its first issue to its last
+// landing), of how long the pieces took from issue to landing (stamped where the consumer waited
+// for them), and how many it waited for; and all the blocks' bytes over the first issue to the
+// last landing.
 // make bench/copy_probe && ./bench/copy_probe
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +36,14 @@ __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+// Whether the phase of parity `parity` of the mbarrier at bar has completed.
+__device__ __forceinline__ bool bar_done(uint32_t bar, int parity) {
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done;
 }
 
 // out[block][0]: when the copies were issued; [1 + i]: when piece i's barrier completed (each
@@ -71,10 +79,7 @@ __global__ void copy_kernel(const unsigned char *src, size_t block_stride, int n
         unsigned long long *o = out + (size_t)blockIdx.x * kStamps;
         o[0] = t0;
         for (int i = 0; i < n; i++) {
-            uint32_t done = 0;
-            while (!done)
-                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-                             : "=r"(done) : "r"(bar0 + 8 * i) : "memory");
+            while (!bar_done(bar0 + 8 * i, 0)) {}
             o[1 + i] = now_ns();
         }
     }
@@ -114,12 +119,6 @@ int run(const unsigned char *buf, size_t buf_bytes, size_t *cursor, int blocks, 
 // The steady ring: warp 0's lane 0 produces, warp 1's lane 0 consumes. out[block][piece][3]: the
 // issue, the consumer's wait's start and its end (the landing, where the wait waited).
 constexpr int kRingSlots = 12, kRingBytes = 16384, kRingPieces = 96;
-__device__ __forceinline__ bool bar_done(uint32_t bar, int parity) {
-    uint32_t done;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done;
-}
 __global__ void ring_kernel(const unsigned char *src, int hold_ns, unsigned long long *out) {
     extern __shared__ __align__(128) unsigned char slots[];
     __shared__ __align__(8) unsigned long long full[kRingSlots], empty[kRingSlots];
@@ -214,7 +213,8 @@ int main() {
     printf("%s (%d SMs): a ring's pieces copied at once into one block's shared memory, each to its own mbarrier (the third of three "
            "launches; medians over the blocks)\n", prop.name, prop.multiProcessorCount);
     size_t cursor = 0;
-    const int blocks[] = {1, 16, prop.multiProcessorCount < 1024 ? prop.multiProcessorCount : 1024};
+    const int sms = prop.multiProcessorCount < 1024 ? prop.multiProcessorCount : 1024;   // (the stamps' room)
+    const int blocks[] = {1, 16, sms};
     struct Config {
         int n, bytes;
         bool lanes, from_l2;
@@ -224,7 +224,6 @@ int main() {
     for (int b : blocks)
         for (const Config &k : configs)
             if (run(buf, buf_bytes, &cursor, b, k.n, k.bytes, k.lanes, k.from_l2, out)) return 1;
-    const int sms = prop.multiProcessorCount < 1024 ? prop.multiProcessorCount : 1024;
     unsigned long long *ring_out;
     CK(cudaMalloc(&ring_out, (size_t)1024 * kRingPieces * 3 * sizeof(unsigned long long)));
     CK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSlots * kRingBytes));
