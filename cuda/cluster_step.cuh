@@ -6,7 +6,9 @@
 //                         own shared memory; a hop's writers send each output into every block's
 //                         copy by st.async, whose bytes complete that block's mbarrier (armed by
 //                         the block with the hop's bytes), so that a hop starts with one wait on
-//                         the block's own barrier, no L2 and no release fence on the chain
+//                         the block's own barrier, no L2 and no release fence on the chain; a
+//                         block with nothing to send in a hop sends every block a word, so that
+//                         each hand-over counts every block
 //   cs_classifier_kernel  the final norm, the logits and the greedy argmax on the SMs the cluster
 //                         leaves, launched as the layers' programmatic dependent: its blocks copy
 //                         their rows into shared memory while the layers run; the last block out
@@ -30,11 +32,6 @@
 
 namespace {
 
-// CS_TOKENS (CS_ALL_SEND, a measurement build, NOTES 140): a block with no rows (or no head) in a
-// hop sends every block a word, so that every block takes part in every hand-over.
-#ifdef CS_ALL_SEND
-#define CS_TOKENS
-#endif
 constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
 // CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
 #ifndef CS_MAX_CLUSTER
@@ -55,7 +52,8 @@ enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 struct CsHop {
     int kind, K, rows, rec, rows_per_block, rows_per_piece;
     int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
-    int idle;                           // the blocks with no rows (CS_TOKENS: no division on the hop's chain)
+    int expect;                         // the bytes a block's input barrier counts from the hop's sends (cs_hop_sends)
+    unsigned idle_ranks;                // bit r: block r has nothing to send (no rows, or no head)
     const unsigned char *w;
     const float *gamma;   // the norm's weights (K), or null
 };
@@ -74,6 +72,8 @@ struct CsParams {
     float *out;               // the last residual stream (dim): the classifier's x
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
+    float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
+    int kv_group, key_shift;  // query heads a kv head; log2 of the rows a key row's first bank repeats after (cs_key_first)
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -102,9 +102,7 @@ struct CsSmem {
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
-#ifdef CS_TOKENS
     float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send
-#endif
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
 };
@@ -304,13 +302,8 @@ struct CsRing {
 constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's arrivals
 
 // A linear hop's rows in this block.
-__device__ __forceinline__ int cs_mine(const CsHop &h, int rank) { return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block)); }
-// Whether block `rank` has nothing to send in hop h (no rows, or no head), and how many have not.
-__device__ __forceinline__ bool cs_idle(const CsParams &p, const CsHop &h, int rank) {
-    return h.kind == CS_ATTN ? rank >= p.n_heads : cs_mine(h, rank) == 0;
-}
-__device__ __forceinline__ int cs_idle_blocks(const CsParams &p, const CsHop &h) {
-    return h.kind == CS_ATTN ? max(0, p.cluster - p.n_heads) : h.idle;
+__host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
+    return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block));
 }
 
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
@@ -425,17 +418,6 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
 #endif
 }
 
-// A chunk's group of the weights' scales, c / group_chunks, by the reciprocal, which is exact for c
-// below 2^12 (here below kCsMaxX / 16): (c + 1/2) / group_chunks lies at least 1 / (2 group_chunks)
-// from an integer, and the two roundings move it by under 2^-22 of itself (checked on the host for
-// every pair below 2^12; a larger group_chunks than c gives 0). A division at run time is a chain
-// of a dozen integer instructions a chunk (NOTES 120, 124).
-struct CsGroupOf {
-    float inv;
-    __device__ explicit CsGroupOf(int group_chunks) : inv(0.0f) { inv = __frcp_rn((float)group_chunks); }
-    __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
-};
-
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
 // steps and the weights' scale of each.
 template <int kChunks>
@@ -457,7 +439,7 @@ struct CsLaneXOf {
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
         const int lane = threadIdx.x % 32;
-        const CsGroupOf group_of(group_chunks);
+        const SmallDiv group_of(group_chunks);
         chunks = (K + 15) / 16;
         full = chunks;
 #ifdef CS_TAIL_ITEMS
@@ -622,14 +604,12 @@ template <typename KV>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
                              uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
-#ifdef CS_TOKENS
-    if (cs_mine(h, rank) == 0) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
+    if (h.idle_ranks >> rank & 1) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
         if (!h.gamma) return 0;
         ring.wait(0);
         ring.release(0);
         return 1;
     }
-#endif
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
@@ -689,23 +669,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     return piece;
 }
 
-// Position t's score (times scale) into scores[t], returned: earlier() (q . an earlier key row) for
-// t < P, else q . the step's own key in x as the cache holds it (FP16: rounded).
-template <typename KV, class Earlier>
-__device__ __forceinline__ float cs_score(const CsParams &p, CsSmem *s, const float *q, const float *x, int kvh, int t, int P, float scale,
-                                          Earlier earlier) {
-    float sc = 0.0f;
-    if (t < P) {
-        sc = earlier();
-    } else {
-        const float *k = x + p.q_dim + kvh * p.hs;
-        for (int i = 0; i < p.hs; i++) sc += q[i] * (float)(KV)k[i];
-    }
-    sc *= scale;
-    s->scores[t] = sc;
-    return sc;
-}
-
 // The attention in warp slices (NOTES 116, 117). The positions [0, P] are dealt in contiguous
 // slices to the kCsWarps warps; each warp takes its slice's scores, their maximum and the exponentials'
 // sum by shuffles (no barrier), then its part of the weighted sum of the value rows (a lane a pair
@@ -725,14 +688,14 @@ __device__ __forceinline__ float4 cs_load4(const float *k) { return *reinterpret
 __device__ __forceinline__ float2 cs_load2(const __half *v) { return __half22float2(*reinterpret_cast<const __half2 *>(v)); }
 __device__ __forceinline__ float2 cs_load2(const float *v) { return *reinterpret_cast<const float2 *>(v); }
 
-// q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from a unit of its
-// own on: a warp's lanes take consecutive rows, and rows whose first units would share a bank
-// (every kBanks / gcd(n, kBanks)-th, kBanks the units a wavefront of 128 bytes holds) start at
-// different units. Two sums, so that the loads of the unrolled loops run ahead of one chain of adds.
+// q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from unit `first`
+// on (cs_key_first): a warp's lanes take consecutive rows, and rows whose first units would share a
+// bank (every kBanks / gcd(hs / 4, kBanks)-th, kBanks the units a wavefront of 128 bytes holds)
+// start at different units. Two sums, so that the loads of the unrolled loops run ahead of one
+// chain of adds.
 template <typename KV>
-__device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs, int row) {
-    constexpr int kBanks = 128 / (4 * (int)sizeof(KV));
-    const int n = hs / 4, low = n & -n, first = row / (low >= kBanks ? 1 : kBanks / low) % n;
+__device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs, int first) {
+    const int n = hs / 4;
     float a = 0.0f, b = 0.0f;
     auto unit = [&](int u) {
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
@@ -744,30 +707,66 @@ __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs
     for (int u = 0; u < first; u++) unit(u);
     return a + b;
 }
+// The rows a key row's first bank repeats after, as a shift: kBanks / gcd(hs / 4, kBanks) rows.
+template <typename KV>
+__host__ __device__ inline int cs_key_shift(int hs) {
+    const int banks = 128 / (4 * (int)sizeof(KV)), low = (hs / 4) & -(hs / 4);
+    int shift = 0;
+    while ((low << shift) < banks) shift++;
+    return shift;
+}
+// A lane's key rows' first unit for cs_dot_key4, without a division at run time (NOTES 142): a
+// warp's consecutive lanes take consecutive rows, so the lane's number stands for its row's (rows
+// that start in the same bank are 2^key_shift apart, and start at units lane >> key_shift, mod
+// hs / 4).
+__device__ __forceinline__ int cs_key_first(const CsParams &p, int lane) {
+    const int n = p.hs / 4, r = lane >> p.key_shift;
+    return r - n * SmallDiv(n)(r);
+}
+// q . the step's own key row k (in x, FP32), each element rounded as the cache holds it.
+template <typename KV>
+__device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int hs) {
+    float a = 0.0f, b = 0.0f;
+#pragma unroll 4
+    for (int u = 0; u < hs / 4; u++) {
+        const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = *reinterpret_cast<const float4 *>(k + 4 * u);
+        a = fmaf(qv.x, (float)(KV)kv.x, a), b = fmaf(qv.y, (float)(KV)kv.y, b);
+        a = fmaf(qv.z, (float)(KV)kv.z, a), b = fmaf(qv.w, (float)(KV)kv.w, b);
+    }
+    return a + b;
+}
 
 // The attention of the block's heads at the step's position P, in warp slices (see above): q, k
 // and v of the step in x, the earlier rows of the head's kv head from the ring (kp pieces of its
 // key rows, then kp of its value rows). Returns the pieces it took.
 template <typename KV>
 __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = (P + p.per - 1) / p.per;
+    const SmallDiv piece_of(p.per);   // t / p.per (t below 2^12)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
+    const float scale = p.att_scale;
+    const int first = cs_key_first(p, lane);
     const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1), t1 = min(t0 + slice, P + 1);   // the warp's [t0, t1)
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
-    const float scale = 1.0f / sqrtf((float)p.hs);
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-        const int kvh = head / (p.n_heads / p.n_kv_heads), base = 2 * kp * nth;
+        const int kvh = SmallDiv(p.kv_group)(head), base = 2 * kp * nth;
         const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
-        // the slice's scores: a lane a position (the step's own from x, as the cache holds it)
         float m = -INFINITY;
-        for (int t = t0 + lane; t < t1; t += 32)
-            m = fmaxf(m, cs_score<KV>(p, s, q, x, kvh, t, P, scale, [&] {
-                          const int piece = t / p.per, row = t - piece * p.per;
-                          return cs_dot_key4(q, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs, p.hs, row);
-                      }));
+        // the slice's scores: a lane a position (the step's own from x, as the cache holds it)
+        for (int t = t0 + lane; t < t1; t += 32) {
+            float sc;
+            if (t < P) {
+                const int piece = piece_of(t), row = t - piece * p.per;
+                sc = cs_dot_key4(q, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs, p.hs, first);
+            } else {
+                sc = cs_dot_own4<KV>(q, x + p.q_dim + kvh * p.hs, p.hs);
+            }
+            s->scores[t] = sc *= scale;
+            m = fmaxf(m, sc);
+        }
         if (nth == 0) ring.tick(2);
         m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
         if (nth == 0) ring.tick(3);
@@ -788,7 +787,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         // the slice's weighted sum of the value rows, in runs of consecutive rows of a piece
         float2 o[kCsMaxHead / 64] = {};
         for (int t = t0, end = min(t1, P); t < end;) {
-            const int piece = t / p.per, row = t - piece * p.per, run = min(end - t, p.per - row);
+            const int piece = piece_of(t), row = t - piece * p.per, run = min(end - t, p.per - row);
             const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
             const float *e = s->scores + t;
 #pragma unroll 4
@@ -824,8 +823,9 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int w = 0; w < kCsWarps; w++) f[w] = expf(part[w][kCsMaxHead] - mx), den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
         const float inv = 1.0f / den;
         const int quads = p.hs / 4;
+        const SmallDiv block_of(quads);   // (t below 16 x 32)
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
-            const int to = t / quads, d = 4 * (t - to * quads);
+            const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int w = 0; w < kCsWarps; w++) {
@@ -864,7 +864,13 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
     int piece = 0;         // the block's pieces of the hops before
     for (int i = 0; i < p.n_hops; i++) {
+#ifdef CS_HOP_EARLY
+        // (a measurement build: the hop's fields read into registers before its input's wait, off
+        // the chain that starts when the input lands, where the default reads each after it)
+        const CsHop h = s->hops[i];
+#else
         const CsHop &h = s->hops[i];
+#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
@@ -888,17 +894,12 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
         // so without this one could fall two of their phases behind, past what a parity tells
         cs_consumers_sync();
-        int token_bytes = 0;
-#ifdef CS_TOKENS
         // Every block takes part in every hand-over: one with nothing to send sends each block a
         // word after its own input has all landed, so that no block's next hop (whose senders may
         // write where this hop's input was) starts before every block's input is in, and no
-        // input barrier's phase ends on the next hop's bytes (NOTES 140).
-        token_bytes = 4 * cs_idle_blocks(p, h);
-        if (cs_idle(p, h, rank) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-#endif
-        if (threadIdx.x == 0)   // (its phase before completed before any block could start this hop)
-            mbar_arrive_expect(bar_at, 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows) + token_bytes);
+        // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
+        if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+        if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
@@ -1095,7 +1096,6 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.bias_at = bias ? round_up(K, 16) + 4 * groups : 0;
     h.rec = round_up(K, 16) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
-    h.idle = cluster - std::min(cluster, ceil_div_i(h.rows, h.rows_per_block));   // the ranks past the last with rows: cs_mine's zeros
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
     if (pack) {
         CsPackSrc src = {};
@@ -1109,6 +1109,19 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     }
     *at += (size_t)h.rows * h.rec;
     return h;
+}
+
+// Each hop's bytes into a block's input barrier (its outputs, as each block's copy, and a word from
+// each block with nothing to send) and those blocks: no rows, or no head.
+static void cs_hop_sends(CsHop *hops, const CsParams &p) {
+    for (int i = 0; i < p.n_hops; i++) {
+        CsHop &h = hops[i];
+        h.idle_ranks = 0;
+        for (int r = 0; r < p.cluster; r++)
+            if (h.kind == CS_ATTN ? r >= p.n_heads : cs_mine(h, r) == 0) h.idle_ranks |= 1u << r;
+        h.expect = 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows);
+        h.expect += 4 * __builtin_popcount(h.idle_ranks);
+    }
 }
 
 // The recorded step's hops (pack NULL: only checked and counted; else packed), their records'
@@ -1288,6 +1301,8 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     p.dim = qkv.w[0]->cols, p.q_dim = at.n_heads * at.head_size, p.kvd = at.n_kv_heads * at.head_size;
     p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.hs = at.head_size, p.seq = at.seq_len, p.vocab = cls.w[0]->rows;
     p.per = kCsSlotBytes / (at.head_size * esize) < 256 ? kCsSlotBytes / (at.head_size * esize) : 256;
+    p.att_scale = 1.0f / sqrtf((float)at.head_size), p.kv_group = at.n_heads / at.n_kv_heads;
+    p.key_shift = at.kv_half ? cs_key_shift<__half>(at.head_size) : cs_key_shift<float>(at.head_size);
     p.eps = qkv.norm_eps, p.inputs = g->inputs, p.rope_freq = qkv.qkv.rope_freq;
     const Mat *emb = st[0].embedding;
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
@@ -1301,6 +1316,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     if (!cs_cache_map(&p.kmap, p.kcache, at, layers, p.per, why) || !cs_cache_map(&p.vmap, p.vcache, at, layers, p.per, why) ||
         !cs_classifier(g, c, cls, cls_at, optin, why))
         return cs_free(c), (GpuCluster *)NULL;
+    cs_hop_sends(hops, p);
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;

@@ -3,6 +3,7 @@
 //   GpuCtx, GpuGraph                                      the context: stream, cuBLAS, scratch, inputs
 //   sm90a_available                                       whether the sm_90a kernels can run
 //   warp_sum, warp_max, block_reduce                      reductions
+//   SmallDiv                                              c / d for small c and d without a division
 //   pdl_wait, pdl_release                                 programmatic dependent launch
 //   prefetch_l2, load_stream, int8x4_to_float             weight streaming and int8 conversion
 //   cp_async_*, mbar_*, bulk_copy                         asynchronous copies into shared memory
@@ -102,6 +103,16 @@ __device__ float block_reduce(float v, float *red) {
     v = lane < n_warps ? red[lane] : (kMax ? -INFINITY : 0.0f);
     return kMax ? warp_max(v) : warp_sum(v);
 }
+
+// c / d by the reciprocal, exact for c and d below 2^12: (c + 1/2) / d lies at least 1 / (2 d) from
+// an integer, and the two roundings move it by under 2^-22 of itself (tests/test_run.c checks every
+// pair below 2^12 on the GPU; a larger d than c gives 0). A division at run time is a chain of a
+// dozen integer instructions (bench/NOTES.md 120, 124, 142).
+struct SmallDiv {
+    float inv;
+    __device__ explicit SmallDiv(int d) : inv(0.0f) { inv = __frcp_rn((float)d); }
+    __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
+};
 
 // 1 / rms of n values whose squares sum to sumsq, eps added to the mean square: rmsnorm_kernel's
 // factor (and the CPU's).

@@ -1,6 +1,6 @@
 // testing.cu: what only the tests and benchmarks need from the GPU side (testing.h): the dequant
-// kernel alone, the register-fed GEMV's other tunings, the context's stream. The same kernel
-// sources as kernels.cu, in a translation unit of their own.
+// kernel alone, the register-fed GEMV's other tunings, SmallDiv over every pair it promises, the
+// context's stream. The same kernel sources as kernels.cu, in a translation unit of their own.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +18,28 @@
 extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) { launch_dequant(g, dst, w); }
 
 extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
+
+// SmallDiv(d)(c) against c / d for d = blockIdx.x + 1 and every c below 2^12: the pairs that differ
+// counted in out[0], the last such (c, d) in out[1..2].
+__global__ void small_div_kernel(int *out) {
+    pdl_wait();
+    const int d = blockIdx.x + 1;
+    const SmallDiv div(d);
+    for (int c = threadIdx.x; c < 4096; c += blockDim.x)
+        if (div(c) != c / d) atomicAdd(out, 1), out[1] = c, out[2] = d;
+}
+
+extern "C" int gpu_small_div_mismatches(GpuCtx *g, int *c, int *d) {
+    int *out, host[3];
+    CUDA_CHECK(cudaMalloc(&out, sizeof host));
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof host, g->stream));
+    launch(g, "small_div_kernel", small_div_kernel, dim3(4095), dim3(256), 0, out);
+    CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDeviceToHost, g->stream));
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    CUDA_CHECK(cudaFree(out));
+    *c = host[1], *d = host[2];
+    return host[0];
+}
 
 extern "C" int gpu_matmul_q8_variant(GpuCtx *g, float *y, const float *x, const Mat *w, int rows_per_warp, int chunks) {
     Q8Args a = q8_args(x, 1, 1, &w, &y, 0);

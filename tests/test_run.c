@@ -2506,8 +2506,16 @@ static void test_gpu_imports(void) {
     arena_free();
 }
 
+// SmallDiv (the cluster step's index arithmetic) is the quotient for every pair below 2^12.
+static void test_gpu_small_div(void) {
+    int c = 0, d = 0;
+    const int bad = gpu_small_div_mismatches(gctx, &c, &d);
+    check(bad == 0, "gpu SmallDiv: c / d by the reciprocal, every c, d below 2^12", "%d pairs differ, e.g. %d / %d", bad, c, d);
+}
+
 static void test_gpu_kernels(void) {
     gctx = gpu_create((size_t)11008 * 130, (size_t)11008 * 384);
+    test_gpu_small_div();
     test_gpu_linear();
     dev_scratch_free();
     test_gpu_argmax();
