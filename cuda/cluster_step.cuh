@@ -712,7 +712,7 @@ template <typename KV>
 __host__ __device__ inline int cs_key_shift(int hs) {
     const int banks = 128 / (4 * (int)sizeof(KV)), low = (hs / 4) & -(hs / 4);
     int shift = 0;
-    while ((low << shift) < banks) shift++;
+    while (shift < 5 && (low << shift) < banks) shift++;   // (low 0, a head under 4 wide: no loop for ever)
     return shift;
 }
 // A lane's key rows' first unit for cs_dot_key4, without a division at run time (NOTES 142): a
@@ -1172,7 +1172,7 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
         return snprintf(why, ERR_LEN, "width %d, q, k and v %d or hidden %d past its %d, %d and %d", dim, q_dim + 2 * kvd, hidden, kCsMaxDim,
                         kCsMaxX, kCsMaxX), false;
     if (dim % 4) return snprintf(why, ERR_LEN, "width %d (it takes multiples of 4)", dim), false;
-    if (at.head_size > kCsMaxHead || at.head_size * esize % 16)   // (so q_dim and kvd are even: RoPE's pairs)
+    if (at.head_size < 16 / esize || at.head_size > kCsMaxHead || at.head_size * esize % 16)   // (so q_dim and kvd are even: RoPE's pairs)
         return snprintf(why, ERR_LEN, "head size %d (it takes multiples of %d up to %d)", at.head_size, 16 / esize, kCsMaxHead), false;
     if (at.n_heads % at.n_kv_heads) return snprintf(why, ERR_LEN, "%d heads over %d kv heads", at.n_heads, at.n_kv_heads), false;
     const Mat *wo = st[3].linear.w[0], *w2 = st[5].linear.w[0];

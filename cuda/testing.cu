@@ -20,24 +20,24 @@ extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) { launch_dequan
 extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
 
 // SmallDiv(d)(c) against c / d for d = blockIdx.x + 1 and every c below 2^12: the pairs that differ
-// counted in out[0], the last such (c, d) in out[1..2].
+// counted in out[0], one such pair in out[1] as c * 4096 + d.
 __global__ void small_div_kernel(int *out) {
     pdl_wait();
     const int d = blockIdx.x + 1;
     const SmallDiv div(d);
     for (int c = threadIdx.x; c < 4096; c += blockDim.x)
-        if (div(c) != c / d) atomicAdd(out, 1), out[1] = c, out[2] = d;
+        if (div(c) != c / d) atomicAdd(out, 1), atomicExch(out + 1, c * 4096 + d);
 }
 
 extern "C" int gpu_small_div_mismatches(GpuCtx *g, int *c, int *d) {
-    int *out, host[3];
+    int *out, host[2];
     CUDA_CHECK(cudaMalloc(&out, sizeof host));
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof host, g->stream));
     launch(g, "small_div_kernel", small_div_kernel, dim3(4095), dim3(256), 0, out);
     CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaFree(out));
-    *c = host[1], *d = host[2];
+    *c = host[1] / 4096, *d = host[1] % 4096;
     return host[0];
 }
 
