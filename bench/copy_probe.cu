@@ -1,6 +1,7 @@
 // bench/copy_probe.cu: how long the cluster step's ring copies take by themselves (asked by
-// bench/NOTES.md 135, whose late pieces NOTES 141 found to be the trace's rounding). A ring's pieces copied from global to shared memory all at once, each completing its
-// own mbarrier, in one of two ways:
+// bench/NOTES.md 135, whose late pieces NOTES 141 found to be the trace's rounding). A ring's
+// pieces copied from global to shared memory all at once, each completing its own mbarrier, in
+// one of two ways:
 //   bulk     cp.async.bulk by one thread, as the cluster step's producer issues them (the copy
 //            unit moves each piece)
 //   16-byte  cp.async of 16 bytes by each lane of the warp, a piece's completion tracked by its

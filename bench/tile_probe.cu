@@ -50,6 +50,14 @@ __device__ void probe_produce(int pipe, int n, bool copy, const unsigned char *s
     }
 }
 
+// log2 of the group size 32 * kGroupSteps (a power of 2): the kernel's and the host's.
+template <int kGroupSteps>
+__host__ __device__ constexpr int probe_gshift() {
+    int shift = 0;
+    while ((32 * kGroupSteps) >> (shift + 1)) shift++;
+    return shift;
+}
+
 // kGroupSteps: as mk_tile_math's (4: groups of 128). pipes: how many pipes work (the others idle);
 // tiles: a pipe's tiles a round (of a unit of rows x 4096: each pipe's tiles take column tiles
 // pipe, pipe + kMkPipes, ... of the row in turn, as a linear stage's do).
@@ -62,7 +70,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
     constexpr int kGs = 32 * kGroupSteps;
     const int per_row = mk_groups_a_row(kGs), record = mk_record_bytes(kGs);
     unsigned char *ring = smem;
-    const MkX xs = mk_x(smem + kProbeSlots * record, kProbeStride, 31 - __clz(kGs));
+    const MkX xs = mk_x(smem + kProbeSlots * record, kProbeStride, probe_gshift<kGroupSteps>());
     for (int i = threadIdx.x; i < kProbeSlots * record / 4; i += blockDim.x) {
         const unsigned h = probe_hash(i + 977u * blockIdx.x);
         const int in_tile = (i * 4) % record;
@@ -89,7 +97,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
     }
     const int lane = threadIdx.x % 32, pipe = threadIdx.x / kMkGroupThreads, warp = threadIdx.x % kMkGroupThreads / 32, c = lane % 4;
     const float f[2] = {c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, c == 0 ? 1.0f / 254.0f : 0.0f};
-    const int col_tiles = kProbeStride / kMkCols, gshift = 31 - __clz(kGs);
+    const int col_tiles = kProbeStride / kMkCols, gshift = probe_gshift<kGroupSteps>();
     float acc[2] = {0.0f, 0.0f};
     if (pipe < pipes) {
         const long long t0 = clock64();
@@ -114,9 +122,7 @@ __global__ void __launch_bounds__(kProbeThreads, 1) tile_loop(int pipes, int til
 
 template <int kGroupSteps>
 int run_case(int sms, int khz, int pipes, int tiles, int mode, const unsigned char *src, float *sink, long long *cycles, long long *host) {
-    int gshift = 0;   // log2 of the group size
-    while ((32 * kGroupSteps) >> (gshift + 1)) gshift++;
-    const int smem = kProbeSlots * mk_record_bytes(32 * kGroupSteps) + mk_x_bytes(kProbeStride, gshift);
+    const int smem = kProbeSlots * mk_record_bytes(32 * kGroupSteps) + mk_x_bytes(kProbeStride, probe_gshift<kGroupSteps>());
     CK(cudaFuncSetAttribute(tile_loop<kGroupSteps>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CK(cudaMemset(cycles, 0, sizeof(long long) * sms * kMkConsumerWarps));
     tile_loop<kGroupSteps><<<sms, kProbeThreads, smem>>>(pipes, tiles, mode, src, sink, cycles);

@@ -341,7 +341,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
                 kp = (__ldcg(p.inputs) + p.per - 1) / p.per;
             }
             for (int head = rank; head < p.n_heads; head += p.cluster) {
-                const int kvh = head / (p.n_heads / p.n_kv_heads);
+                const int kvh = head / p.kv_group;
                 for (int c = 0; c < 2; c++)
                     for (int j = 0; j < kp; j++) {   // a whole box: its rows past the step's position land too, unread
                         const int slot = slot_for(box_bytes);
