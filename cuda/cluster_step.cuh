@@ -864,13 +864,9 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
     int piece = 0;         // the block's pieces of the hops before
     for (int i = 0; i < p.n_hops; i++) {
-#ifdef CS_HOP_EARLY
-        // (a measurement build: the hop's fields read into registers before its input's wait, off
-        // the chain that starts when the input lands, where the default reads each after it)
+        // the hop's fields read into registers before its input's wait, off the chain that starts
+        // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
-#else
-        const CsHop &h = s->hops[i];
-#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
