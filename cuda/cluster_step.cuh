@@ -266,9 +266,6 @@ struct CsRing {
 #ifdef CS_TRACE
     unsigned long long *pieces;   // block 0's thread 0: its pieces' stamps (kCsTracePieces), else NULL
 #endif
-#ifdef CS_RING_EARLY
-    int ready = 0;                // the hop's first pieces, already waited for before its input's wait
-#endif
     __device__ void stamp_mark() const {
 #ifdef CS_TRACE
         if (mark) *mark = cs_now();
@@ -284,9 +281,6 @@ struct CsRing {
     __device__ unsigned char *at(int i) const { return s->ring[(base + i) % kCsSlots]; }   // (after a wait for it)
     __device__ unsigned char *wait(int i) const {
         const int n = base + i;
-#ifdef CS_RING_EARLY
-        if (i < ready) return at(i);
-#endif
 #ifdef CS_TRACE
         const unsigned long long t0 = waited ? cs_now() : 0;
 #endif
@@ -745,31 +739,13 @@ __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int
 // The attention of the block's heads at the step's position P, in warp slices (see above): q, k
 // and v of the step in x, the earlier rows of the head's kv head from the ring (kp pieces of its
 // key rows, then kp of its value rows). Returns the pieces it took.
-struct CsAttnStart {   // what the attention hop takes from the step's position alone, not from its input
-    int P, kp, first, t0, t1;   // the position; the pieces of a head's key rows; cs_key_first's; the warp's [t0, t1)
-};
-__device__ __forceinline__ CsAttnStart cs_attn_start(const CsParams &p, const CsSmem *s) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos;
-    const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1);
-    return {P, SmallDiv(p.per)(P + p.per - 1), cs_key_first(p, lane), t0, min(t0 + slice, P + 1)};
-}
-
 template <typename KV>
-__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at
-#ifdef CS_RING_EARLY
-                                , const CsAttnStart &a   // (made before the input's wait)
-#endif
-) {
+__device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
     const SmallDiv piece_of(p.per);   // t / p.per (t below 2^12)
-#ifdef CS_RING_EARLY
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = a.P, kp = a.kp, first = a.first, t0 = a.t0, t1 = a.t1;
-    const float scale = p.att_scale;
-#else
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
     const int first = cs_key_first(p, lane);
     const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1), t1 = min(t0 + slice, P + 1);   // the warp's [t0, t1)
-#endif
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
@@ -891,19 +867,6 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // the hop's fields read into registers before its input's wait, off the chain that starts
         // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
-#ifdef CS_RING_EARLY
-        // (a measurement build: the hop's first ring pieces waited for, and the attention's values
-        // of the position made, before its input's wait, on which neither depends)
-        int ready = 0;
-        CsAttnStart at = {};
-        if (h.kind == CS_ATTN) {
-            at = cs_attn_start(p, s);
-            if (rank < p.n_heads) ready = at.kp;   // its first head's key rows
-        } else if (h.gamma || cs_mine(h, rank) > 0) {
-            ready = 1;   // the norm's weights, or the first of its rows
-        }
-        for (int j = 0; j < ready; j++) cs_wait(cs_saddr(&s->full[(piece + j) % kCsSlots]), ((piece + j) / kCsSlots) & 1, CS_AT_FULL, piece + j);
-#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
@@ -917,13 +880,10 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if (threadIdx.x % 32 < kCsTicks) ticks[threadIdx.x % 32] = 0;
         __syncwarp();
         const unsigned long long start_ns = cs_now();
-        CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr, ticks,
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, stamp ? &mark : nullptr, ticks,
                              stamp ? p.trace + cs_pieces_at(p.n_hops, p.cluster) : nullptr};
 #else
-        CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
-#endif
-#ifdef CS_RING_EARLY
-        ring.ready = ready;
+        const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
 #endif
         ring.tick(0);
         const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
@@ -936,11 +896,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
-#ifdef CS_RING_EARLY
-        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at, at)
-#else
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-#endif
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE
