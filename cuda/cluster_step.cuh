@@ -54,24 +54,9 @@ struct CsHop {
     int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
     int expect;                         // the bytes a block's input barrier counts from the hop's sends (cs_hop_sends)
     unsigned idle_ranks;                // bit r: block r has nothing to send (no rows, or no head)
-    int digits;                         // CS_DIGITS_IN: x arrives as records (CsDigits8); CS_DIGITS_OUT: the hop sends the next hop's
     const unsigned char *w;
-    const float *gamma;   // the norm's weights (K), or null (CS_DIGITS_IN: the senders applied them; not in the ring)
+    const float *gamma;   // the norm's weights (K), or null
 };
-static_assert(sizeof(CsHop) == 64, "the hops' copy in shared memory: its size sets the layers that fit");
-enum { CS_DIGITS_IN = 1, CS_DIGITS_OUT = 2 };
-// Whether the hop's norm's weights come through the ring (not where the senders applied them).
-__host__ __device__ __forceinline__ bool cs_gamma_piece(const CsHop &h) { return h.gamma && !(h.digits & CS_DIGITS_IN); }
-// x's digits as the hop before sends them (NOTES 146): a record a batch of 8 columns (a sending
-// warp's 8 rows), into every block's next x buffer; their three digit planes (two words each, a
-// byte a column), the batch's step and its sum of squares (x before the norm's weights, for the
-// norm's scale).
-struct CsDigits8 {
-    uint32_t plane[3][2];
-    float step, ss;
-};
-static_assert(sizeof(CsDigits8) == 32, "a record is two 16-byte sends");
-static_assert(sizeof(CsDigits8) * ((kCsMaxDim + 7) / 8) <= sizeof(float) * kCsMaxX, "a residual stream's records fit an x buffer");
 
 struct CsParams {
     int n_hops, cluster, dim, q_dim, kvd, n_heads, n_kv_heads, hs, seq, vocab;
@@ -367,7 +352,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-        if (cs_gamma_piece(h)) {
+        if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
             issued(4 * i + CS_PIECE_GAMMA);
@@ -435,12 +420,11 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
 // steps and the weights' scale of each.
-template <int kChunks, bool kHalves = false>
+template <int kChunks>
 struct CsLaneXOf {
     static constexpr int kMaxChunks = kChunks;
-    static constexpr bool kHalfSteps = kHalves;   // a chunk's two halves (8 columns each) each with its step: u and u_hi
     uint4 d[kChunks][3];
-    float u[kChunks], u_hi[kChunks];
+    float u[kChunks];
     int scale[kChunks];
     int chunks;
     int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (below: CS_TAIL_ITEMS)
@@ -478,40 +462,8 @@ struct CsLaneXOf {
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
     }
-    // (kHalves) The same from the records of the hop before (recs: one a batch of 8 columns, up to
-    // column K): a chunk is batches 2c and 2c + 1 (past K: zeros).
-    __device__ void load_records(const CsDigits8 *recs, int K, int group_chunks) {
-        static_assert(kHalves, "records: a step a half chunk");
-        const int lane = threadIdx.x % 32, batches = (K + 7) / 8;
-        const SmallDiv group_of(group_chunks);
-        chunks = full = (K + 15) / 16;
-#pragma unroll
-        for (int j = 0; j < kChunks; j++) {
-            const int c = lane + 32 * j;
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            const uint4 *lo = reinterpret_cast<const uint4 *>(recs + 2 * c), *hi = reinterpret_cast<const uint4 *>(recs + 2 * c + 1);
-            const uint4 lo0 = c < chunks ? lo[0] : zero, lo1 = c < chunks ? lo[1] : zero;   // planes 0 and 1; plane 2, step, ss
-            const uint4 hi0 = 2 * c + 1 < batches ? hi[0] : zero, hi1 = 2 * c + 1 < batches ? hi[1] : zero;
-            d[j][0] = make_uint4(lo0.x, lo0.y, hi0.x, hi0.y);
-            d[j][1] = make_uint4(lo0.z, lo0.w, hi0.z, hi0.w);
-            d[j][2] = make_uint4(lo1.x, lo1.y, hi1.x, hi1.y);
-            u[j] = __uint_as_float(lo1.z), u_hi[j] = __uint_as_float(hi1.z);
-            scale[j] = group_of(min(c, chunks - 1));
-        }
-    }
 };
 using CsLaneX = CsLaneXOf<kCsChunks>;
-using CsLaneRecX = CsLaneXOf<kCsChunks, true>;
-
-// This lane's part of x's sum of squares from its records' (a warp's lanes together: all of it).
-__device__ __forceinline__ float cs_records_ss(const CsDigits8 *recs, int K) {
-    float ss = 0.0f;
-    for (int b = threadIdx.x % 32; b < (K + 7) / 8; b += 32) ss += recs[b].ss;
-    return ss;
-}
-// The norm's scale by the fast division and reciprocal square root (a few ulp from inv_rms_of's
-// IEEE form, without its slow paths' branches on the hop's chain: NOTES 146).
-__device__ __forceinline__ float cs_fast_inv_rms(float ss, int K, float eps) { return rsqrtf(__fdividef(ss, (float)K) + eps); }
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
@@ -523,15 +475,6 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
 // A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
 __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
-}
-// The same where each half of the chunk (8 columns) has its step: sum w . x.
-__device__ __forceinline__ float cs_dot_halves(uint4 w, uint4 d0, uint4 d1, uint4 d2, float u_lo, float u_hi) {
-    auto half = [](unsigned a, unsigned b, unsigned da, unsigned db) { return __dp4a((int)b, (int)db, __dp4a((int)a, (int)da, 0)); };
-    const float lo = (float)half(w.x, w.y, d0.x, d0.y) + (float)half(w.x, w.y, d1.x, d1.y) * (1.0f / 254.0f) +
-                     (float)half(w.x, w.y, d2.x, d2.y) * (1.0f / (254.0f * 254.0f));
-    const float hi = (float)half(w.z, w.w, d0.z, d0.w) + (float)half(w.z, w.w, d1.z, d1.w) * (1.0f / 254.0f) +
-                     (float)half(w.z, w.w, d2.z, d2.w) * (1.0f / (254.0f * 254.0f));
-    return u_lo * lo + u_hi * hi;
 }
 
 // This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
@@ -557,16 +500,12 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            if constexpr (LaneX::kHalfSteps) {
-                acc[r] += scale[r] * cs_dot_halves(w[r], x.d[j][0], x.d[j][1], x.d[j][2], x.u[j], x.u_hi[j]);
-            } else {
-                const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
-                acc[r] += scale[r] * x.u[j] * sum;
-            }
+            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
+            acc[r] += scale[r] * x.u[j] * sum;
         }
     }
 #ifdef CS_TAIL_ITEMS
-    if (!LaneX::kHalfSteps && x.full < x.chunks) {   // (the warp's lanes alike) this lane's (row, chunk) item of the tail
+    if (x.full < x.chunks) {   // (the warp's lanes alike) this lane's (row, chunk) item of the tail
         const int r = x.tail_row;
         float v = 0.0f;
         if (r < 8) {
@@ -631,13 +570,16 @@ __device__ __forceinline__ int cs_first_batch(int r0) {
     return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));
 }
 
-// The warp's 8 rows' outputs (o[q]: row first + q's, in every lane; n of them are rows) sent to
+// The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
 // every block's dst (lane d sends block d's copy); with pairs (SwiGLU: the even row holds the
 // pair's output), one output a pair, at the even row / 2.
-__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, const float o[8], int first, int n, int cluster, bool pairs) {
+__device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster, bool pairs) {
     const int lane = threadIdx.x % 32;
-    if (lane >= cluster) return;
     if (n >= 8) {   // 4 outputs a send (first a multiple of 8)
+        float o[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
+        if (lane >= cluster) return;
         if (!pairs) {
             cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
             cs_send4(dst_at + 4 * (first + 4), bar_at, lane, o[4], o[5], o[6], o[7]);
@@ -648,85 +590,25 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 #pragma unroll
     for (int q = 0; q < 8; q++) {
-        if (q >= n) continue;
-        if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
-        else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o[q]);
+        const float o = __shfl_sync(~0u, out, 4 * q);
+        if (lane >= cluster || q >= n) continue;
+        if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o);
+        else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o);
     }
 }
-
-// 8 floats from p (16-byte aligned) into v, those past n 0.
-__device__ __forceinline__ void cs_load8(const float *p, int n, float v[8]) {
-    if (n >= 8) {
-        const float4 a = __ldg(reinterpret_cast<const float4 *>(p)), b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < 8; q++) v[q] = q < n ? __ldg(p + q) : 0.0f;
-}
-
-// The warp's 8 rows' next x (o: row q's value, every lane; g: the next norm's weights of the
-// rows, 0 past the hop's) as the next hop's record of batch `batch` (CsDigits8), sent to every
-// block's records at rec_at (lane d sends block d's). The step is a power of two (x / step and back
-// exact), at least the rows' largest |o g| / 127. No shuffle: each sending lane makes the record
-// from the 8 outputs it already holds.
-__device__ __forceinline__ void cs_share_digits8(uint32_t rec_at, uint32_t bar_at, const float o[8], const float g[8], int batch,
-                                                 int cluster) {
-    const int lane = threadIdx.x % 32;
-    if (lane >= cluster) return;
-    float y[8], m = 0.0f, ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 8; q++) y[q] = o[q] * g[q], m = fmaxf(m, fabsf(y[q])), ss = fmaf(o[q], o[q], ss);
-    // m / 127 rounded up to a power of two, and its inverse (exact); m 0: 1
-    const uint32_t bits = (__float_as_uint(m * (1.0f / 127.0f)) + 0x7fffffu) & 0xff800000u;
-    const float step = m > 0.0f ? __uint_as_float(bits) : 1.0f, inv = m > 0.0f ? __uint_as_float(0x7f000000u - bits) : 1.0f;
-    uint32_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};   // rows 0-3's and 4-7's word of each plane
-#pragma unroll
-    for (int q = 0; q < 4; q++) cs_put_digits(y[q] * inv, q, lo), cs_put_digits(y[q + 4] * inv, q, hi);
-    const uint32_t at = rec_at + (uint32_t)sizeof(CsDigits8) * batch;
-    cs_send4(at, bar_at, lane, __uint_as_float(lo[0]), __uint_as_float(hi[0]), __uint_as_float(lo[1]), __uint_as_float(hi[1]));
-    cs_send4(at + 16, bar_at, lane, __uint_as_float(lo[2]), __uint_as_float(hi[2]), step, ss);
-}
-
-// Whether this warp has a batch of the block's rows in the hop (the warps without one read no x:
-// what they would read, the next hop's senders may already be writing).
-__device__ __forceinline__ bool cs_warp_has_rows(const CsHop &h, int rank) {
-    const int mine = cs_mine(h, rank);
-    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece)
-        if (cs_first_batch(r0) < min(h.rows_per_piece, mine - r0)) return true;
-    return false;
-}
-
-template <typename KV, class LaneX>
-__device__ int cs_hop_rows(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const LaneX &lx, float inv_rms,
-                           float records_ss, int piece, float *dst, uint32_t bar_at, const float *next_gamma, uint32_t rec_at);
 
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
-// lane `rank` of a warp; with CS_DIGITS_OUT (a residual hop) the next hop's records of x's digits
-// (its norm's weights next_gamma) go to rec_at too. x: the hop's input, floats, or (CS_DIGITS_IN)
-// its records. Returns the pieces it took.
+// lane `rank` of a warp. Returns the pieces it took.
 template <typename KV>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at, const float *next_gamma, uint32_t rec_at) {
+                             uint32_t bar_at) {
+    const int lane = threadIdx.x % 32;
     if (h.idle_ranks >> rank & 1) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
-        if (!cs_gamma_piece(h)) return 0;
+        if (!h.gamma) return 0;
         ring.wait(0);
         ring.release(0);
         return 1;
-    }
-    if (h.digits & CS_DIGITS_IN) {   // no staging, no barrier: each warp loads its lanes' chunks from the records
-        CsLaneRecX lx;
-        float ss = 0.0f;
-        const CsDigits8 *recs = reinterpret_cast<const CsDigits8 *>(x);
-        if (cs_warp_has_rows(h, rank)) {
-            ss = cs_records_ss(recs, h.K);
-            ring.tick(1), ring.tick(2);
-            lx.load_records(recs, h.K, h.group_chunks);
-        }
-        ring.stamp_mark();
-        ring.tick(3);
-        return cs_hop_rows<KV>(p, s, h, rank, ring, lx, 1.0f, ss, 0, dst, bar_at, next_gamma, rec_at);
     }
     int piece = 0;
     const float *gamma = nullptr;
@@ -753,17 +635,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     lx.load(s->digits, s->u, h.K, h.group_chunks);
     ring.stamp_mark();
     ring.tick(3);
-    return cs_hop_rows<KV>(p, s, h, rank, ring, lx, inv_rms, -1.0f, piece, dst, bar_at, next_gamma, rec_at);
-}
-
-// The rows of a linear hop (cs_linear_hop) with x's chunks in each lane (lx), its pieces from
-// `piece` on; records_ss >= 0: the lane's part of x's sum of squares, the norm's scale made from
-// it after the first batch's products (off the chain to them), else inv_rms the scale. Returns the
-// pieces the hop took.
-template <typename KV, class LaneX>
-__device__ int cs_hop_rows(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const LaneX &lx, float inv_rms,
-                           float records_ss, int piece, float *dst, uint32_t bar_at, const float *next_gamma, uint32_t rec_at) {
-    const int lane = threadIdx.x % 32;
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
@@ -773,14 +644,11 @@ __device__ int cs_hop_rows(const CsParams &p, CsSmem *s, const CsHop &h, int ran
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
-            const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
-            const bool valid = b + r < in_piece;
-            float next_w[8];   // (CS_DIGITS_OUT) the next norm's weights of the batch's rows, asked for before the rows
-            if (next_gamma) cs_load8(next_gamma + row0 + r0 + b, in_piece - b, next_w);
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
-            if (batch == 0 && records_ss >= 0.0f) inv_rms = cs_fast_inv_rms(warp_sum(records_ss), h.K, p.eps);
+            const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
+            const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
             if (batch == 0) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
@@ -790,11 +658,7 @@ __device__ int cs_hop_rows(const CsParams &p, CsSmem *s, const CsHop &h, int ran
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
-            float o[8];   // the 8 rows' outputs, in every lane (rows past the hop's: 0)
-#pragma unroll
-            for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out, 4 * q);
-            cs_share_rows8(dst_at, bar_at, o, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
-            if (next_gamma) cs_share_digits8(rec_at, bar_at, o, next_w, (row0 + r0 + b) / 8, p.cluster);
+            cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
             if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
             batch++;
@@ -1003,15 +867,12 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // the hop's fields read into registers before its input's wait, off the chain that starts
         // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
-        const float *next_gamma = h.digits & CS_DIGITS_OUT ? s->hops[i + 1].gamma : nullptr;
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
         }
         if (stamp) cs_stamp(p.trace, 2 + i);
-        // x: the residual stream (a norm's hop staging it), or the buffer the hop before sent (its
-        // outputs, or the records of x's digits); a residual hop's records go to the other buffer
-        const float *x = (h.kind == CS_QKV || h.kind == CS_SWIGLU) && !(h.digits & CS_DIGITS_IN) ? s->res : s->xb[i & 1];
+        const float *x = h.kind == CS_QKV || h.kind == CS_SWIGLU ? s->res : s->xb[i & 1];
         float *dst = h.kind == CS_RESID ? s->res : s->xb[(i + 1) & 1];
         unsigned long long waited = 0;
 #ifdef CS_TRACE
@@ -1036,7 +897,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                   : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at, next_gamma, cs_saddr(s->xb[(i + 1) & 1]));
+                                   : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1246,14 +1107,6 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     return h;
 }
 
-// A norm's hop whose x is the residual stream that the hop before makes: that hop's senders make
-// x's digits (with the norm's weights) and send them as records, where every block would stage them
-// itself (CS_SENT_DIGITS, a measurement build: slower, NOTES 146).
-static void cs_digits_from(CsHop &from, CsHop &to) {
-    from.digits |= CS_DIGITS_OUT;
-    to.digits |= CS_DIGITS_IN;
-}
-
 // Each hop's bytes into a block's input barrier (its outputs, as each block's copy, and a word from
 // each block with nothing to send) and those blocks: no rows, or no head.
 static void cs_hop_sends(CsHop *hops, const CsParams &p) {
@@ -1263,7 +1116,6 @@ static void cs_hop_sends(CsHop *hops, const CsParams &p) {
         for (int r = 0; r < p.cluster; r++)
             if (h.kind == CS_ATTN ? r >= p.n_heads : cs_mine(h, r) == 0) h.idle_ranks |= 1u << r;
         h.expect = 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows);
-        if (h.digits & CS_DIGITS_OUT) h.expect += (int)sizeof(CsDigits8) * ceil_div_i(h.rows, 8);   // a record a batch of 8 rows
         h.expect += 4 * __builtin_popcount(h.idle_ranks);
     }
 }
@@ -1302,10 +1154,6 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
         hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
         hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
         hops[5 * l + 4] = cs_hop(s[4].linear, CS_RESID, cluster, pack, bytes, l, g);
-#ifdef CS_SENT_DIGITS
-        cs_digits_from(hops[5 * l + 2], hops[5 * l + 3]);
-        if (l > 0) cs_digits_from(hops[5 * l - 1], hops[5 * l]);
-#endif
     }
     if (!cs_linear_ok(st[n - 1], LINEAR_PLAIN, res, NULL, 0, true, why)) return false;
     return true;
