@@ -33,6 +33,12 @@
 namespace {
 
 constexpr int kCsWarps = 8, kCsConsumers = 32 * kCsWarps, kCsThreads = kCsConsumers + 32;
+// CS_CLS_WARPS: the classifier's warps a block (12: fewer batches of its rows a warp than the
+// layers' 8 give, where 16 would hold its registers to 128; NOTES 147).
+#ifndef CS_CLS_WARPS
+#define CS_CLS_WARPS 12
+#endif
+constexpr int kCsClsWarps = CS_CLS_WARPS, kCsClsThreads = 32 * kCsClsWarps;
 // CS_MAX_CLUSTER (16, else 8: a measurement build): the most blocks a cluster takes.
 #ifndef CS_MAX_CLUSTER
 #define CS_MAX_CLUSTER 16
@@ -41,6 +47,8 @@ constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: mul
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
+static_assert(kCsClsWarps >= kCsWarps && kCsMaxDim <= kCsGroup * kCsWarps,
+              "the classifier's staging: a group of x a warp, over its first kCsWarps warps");
 constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
@@ -115,7 +123,7 @@ struct CsClsSmem {
     float gamma[kCsMaxDim], x[kCsMaxDim];
     uint32_t digits[3][kCsMaxX / 4];
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
-    unsigned long long best[kCsWarps];
+    unsigned long long best[kCsClsWarps];
     unsigned long long landed;
 };
 
@@ -978,7 +986,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
-    for (int i = threadIdx.x; i < c.dim; i += kCsConsumers) s->x[i] = __ldcg(c.x + i);
+    for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
@@ -986,7 +994,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
-    for (int b = 8 * warp; b < mine; b += 8 * kCsWarps) {
+    for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
         float acc[8];
         cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
@@ -1003,12 +1011,12 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int w = 1; w < kCsWarps; w++) best = max(best, s->best[w]);
+        for (int w = 1; w < kCsClsWarps; w++) best = max(best, s->best[w]);
     cs_cls_phase(c, 3);
     return best;
 }
 
-__global__ void __launch_bounds__(kCsConsumers, 1) cs_classifier_kernel(const CsClsParams c) {
+__global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
@@ -1519,7 +1527,7 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsConsumers), c->cls_smem, c->c);
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
