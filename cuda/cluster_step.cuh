@@ -47,8 +47,6 @@ constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: mul
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
-static_assert(kCsClsWarps >= kCsWarps && kCsMaxDim <= kCsGroup * kCsWarps,
-              "the classifier's staging: a group of x a warp, over its first kCsWarps warps");
 constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
@@ -385,14 +383,14 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 }
 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
-// 4], four a word; a plane kWords words), a warp a group, each group's step in u; returns the
-// norm's inverse RMS to every consumer (1 without a norm). Ends with the consumers' barrier
-// (kBlock: the block's).
-template <bool kBlock, int kWords = kCsMaxX / 4>
+// 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
+// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm). Ends
+// with the consumers' barrier (kBlock: the block's, all kWarps of it).
+template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
-    for (int g = warp; g < G; g += kCsWarps) {
+    for (int g = warp; g < G; g += kWarps) {
         float v[4], ss = 0.0f, m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -489,7 +487,9 @@ __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint
 // shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
 // arithmetic, with no branch between them (rows past n read row n - 1's bytes, a lane past K its
 // row's last chunk, both times 0 or dropped), so that the rows' latencies overlap (NOTES 115, 117).
-template <class LaneX>
+// (kPad > 0: CS_PAD_ROWS's copies of this code, which no hop takes: other constants, so that the
+// compiler keeps each as a copy)
+template <class LaneX, int kPad = 0>
 __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
     const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
 #pragma unroll
@@ -508,7 +508,9 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
+            constexpr float c1 = 1.0f / (254.0f - kPad), c2 = c1 * c1;
+            const float sum = kPad ? (float)cs_dot4(w[r], x.d[j][0]) + (float)cs_dot4(w[r], x.d[j][1]) * c1 + (float)cs_dot4(w[r], x.d[j][2]) * c2
+                                   : cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
@@ -529,6 +531,20 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
 }
+#ifdef CS_PAD_ROWS
+// (a measurement build: CS_PAD_ROWS copies of the rows' code beside the one the hops take, each
+// for a hop kind k past CS_SWIGLU, which no hop has: whether code that is present but never
+// executed costs time, as NOTES 146's build suggested, through the instruction caches)
+template <int k>
+__device__ __forceinline__ void cs_rows8_padded(int kind, const unsigned char *first, int rec, int n, int K, const CsLaneX &x, float acc[8]) {
+    if constexpr (k > 0) {
+        if (kind == CS_SWIGLU + k) cs_rows8<CsLaneX, k>(first, rec, n, K, x, acc);
+        else cs_rows8_padded<k - 1>(kind, first, rec, n, K, x, acc);
+    } else {
+        cs_rows8(first, rec, n, K, x, acc);
+    }
+}
+#endif
 
 // Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
 __device__ __forceinline__ float cs_sum8(const float acc[8]) {
@@ -653,7 +669,11 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
+#ifdef CS_PAD_ROWS
+            cs_rows8_padded<CS_PAD_ROWS>(h.kind, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+#else
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+#endif
             if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
@@ -875,6 +895,14 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // the hop's fields read into registers before its input's wait, off the chain that starts
         // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
+        const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
+#ifdef CS_SYNC_EARLY
+        // (a measurement build: the barrier below and the arming of this hop's output barrier done
+        // before its input's wait, off the chain. Safe there too: every warp is past the hop
+        // before, so past its wait on that barrier's phase before)
+        cs_consumers_sync();
+        if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);
+#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
@@ -894,16 +922,19 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
 #endif
         ring.tick(0);
-        const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
+#ifndef CS_SYNC_EARLY
         // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
         // so without this one could fall two of their phases behind, past what a parity tells
         cs_consumers_sync();
+#endif
         // Every block takes part in every hand-over: one with nothing to send sends each block a
         // word after its own input has all landed, so that no block's next hop (whose senders may
         // write where this hop's input was) starts before every block's input is in, and no
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+#ifndef CS_SYNC_EARLY
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
+#endif
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
@@ -989,7 +1020,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     cs_cls_phase(c, 0);
-    const float inv_rms = cs_stage_digits<true>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+    const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneX lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     cs_cls_phase(c, 1);
