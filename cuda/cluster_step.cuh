@@ -487,9 +487,7 @@ __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint
 // shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
 // arithmetic, with no branch between them (rows past n read row n - 1's bytes, a lane past K its
 // row's last chunk, both times 0 or dropped), so that the rows' latencies overlap (NOTES 115, 117).
-// (kPad > 0: CS_PAD_ROWS's copies of this code, which no hop takes: other constants, so that the
-// compiler keeps each as a copy)
-template <class LaneX, int kPad = 0>
+template <class LaneX>
 __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
     const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
 #pragma unroll
@@ -508,9 +506,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         }
 #pragma unroll
         for (int r = 0; r < 8; r++) {
-            constexpr float c1 = 1.0f / (254.0f - kPad), c2 = c1 * c1;
-            const float sum = kPad ? (float)cs_dot4(w[r], x.d[j][0]) + (float)cs_dot4(w[r], x.d[j][1]) * c1 + (float)cs_dot4(w[r], x.d[j][2]) * c2
-                                   : cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
+            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
@@ -531,20 +527,6 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
 }
-#ifdef CS_PAD_ROWS
-// (a measurement build: CS_PAD_ROWS copies of the rows' code beside the one the hops take, each
-// for a hop kind k past CS_SWIGLU, which no hop has: whether code that is present but never
-// executed costs time, as NOTES 146's build suggested, through the instruction caches)
-template <int k>
-__device__ __forceinline__ void cs_rows8_padded(int kind, const unsigned char *first, int rec, int n, int K, const CsLaneX &x, float acc[8]) {
-    if constexpr (k > 0) {
-        if (kind == CS_SWIGLU + k) cs_rows8<CsLaneX, k>(first, rec, n, K, x, acc);
-        else cs_rows8_padded<k - 1>(kind, first, rec, n, K, x, acc);
-    } else {
-        cs_rows8(first, rec, n, K, x, acc);
-    }
-}
-#endif
 
 // Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
 __device__ __forceinline__ float cs_sum8(const float acc[8]) {
@@ -669,11 +651,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
-#ifdef CS_PAD_ROWS
-            cs_rows8_padded<CS_PAD_ROWS>(h.kind, bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-#else
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-#endif
             if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
@@ -895,14 +873,6 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // the hop's fields read into registers before its input's wait, off the chain that starts
         // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
-        const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
-#ifdef CS_SYNC_EARLY
-        // (a measurement build: the barrier below and the arming of this hop's output barrier done
-        // before its input's wait, off the chain. Safe there too: every warp is past the hop
-        // before, so past its wait on that barrier's phase before)
-        cs_consumers_sync();
-        if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);
-#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
@@ -922,19 +892,16 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         const CsRing ring = {s, piece, stamp ? &waited : nullptr, nullptr, nullptr};
 #endif
         ring.tick(0);
-#ifndef CS_SYNC_EARLY
+        const uint32_t bar_at = cs_saddr(&s->xbar[(i + 1) & 1]);   // the next hop's input's
         // every warp here before the next input's barrier is armed: no warp arrives on its barriers,
         // so without this one could fall two of their phases behind, past what a parity tells
         cs_consumers_sync();
-#endif
         // Every block takes part in every hand-over: one with nothing to send sends each block a
         // word after its own input has all landed, so that no block's next hop (whose senders may
         // write where this hop's input was) starts before every block's input is in, and no
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-#ifndef CS_SYNC_EARLY
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
-#endif
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
