@@ -47,7 +47,13 @@ constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: mul
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
-constexpr int kCsChunks = kCsMaxX / 16 / 32;   // a lane's 16-column chunks of x, at most
+// CS_LANE_CHUNKS (a measurement build: a lane's chunks of x, 3 by default; 2 takes x up to 1,024
+// wide, stories15m's hops but not the SmolLM2 shape's w2: NOTES 149)
+#ifndef CS_LANE_CHUNKS
+#define CS_LANE_CHUNKS (kCsMaxX / 16 / 32)
+#endif
+constexpr int kCsChunks = CS_LANE_CHUNKS;   // a lane's 16-column chunks of x, at most
+static_assert(kCsChunks * 16 * 32 <= kCsMaxX, "a lane's chunks within x's buffers");
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
@@ -988,7 +994,13 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+#ifdef CS_CLS_CHUNKS
+    // (a measurement build: the classifier's x is the model's width, at most kCsMaxDim, so its lanes
+    // need fewer chunks than a layer's widest x: NOTES 149)
+    CsLaneXOf<kCsMaxDim / 16 / 32> lx;
+#else
     CsLaneX lx;
+#endif
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
@@ -1173,6 +1185,8 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
     if (dim > kCsMaxDim || q_dim + 2 * kvd > kCsMaxX || hidden > kCsMaxX)
         return snprintf(why, ERR_LEN, "width %d, q, k and v %d or hidden %d past its %d, %d and %d", dim, q_dim + 2 * kvd, hidden, kCsMaxDim,
                         kCsMaxX, kCsMaxX), false;
+    if (max(dim, max(q_dim, hidden)) > 512 * kCsChunks)   // (a hop's x: a lane's chunks of 16)
+        return snprintf(why, ERR_LEN, "a hop's input wider than %d (width %d, q %d, hidden %d)", 512 * kCsChunks, dim, q_dim, hidden), false;
     if (dim % 4) return snprintf(why, ERR_LEN, "width %d (it takes multiples of 4)", dim), false;
     if (at.head_size < 16 / esize || at.head_size > kCsMaxHead || at.head_size * esize % 16)   // (so q_dim and kvd are even: RoPE's pairs)
         return snprintf(why, ERR_LEN, "head size %d (it takes multiples of %d up to %d)", at.head_size, 16 / esize, kCsMaxHead), false;
