@@ -47,13 +47,12 @@ constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: mul
 constexpr int kCsSlotBytes = 16384, kCsSlots = 12, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
-// CS_LANE_CHUNKS (a measurement build: a lane's chunks of x, 3 by default; 2 takes x up to 1,024
-// wide, stories15m's hops but not the SmolLM2 shape's w2: NOTES 149)
-#ifndef CS_LANE_CHUNKS
-#define CS_LANE_CHUNKS (kCsMaxX / 16 / 32)
-#endif
-constexpr int kCsChunks = CS_LANE_CHUNKS;   // a lane's 16-column chunks of x, at most
-static_assert(kCsChunks * 16 * 32 <= kCsMaxX, "a lane's chunks within x's buffers");
+// A lane's 16-column chunks of a hop's x, at most: the layers' kernel is built for 2 (x up to
+// 1,024 wide) and 3 (up to kCsMaxX), and a model takes the fewer that hold its widest x, whose
+// code is smaller and faster (NOTES 149); the classifier's x, the model's width, takes 2.
+// (CS_WIDE_ONLY, a measurement build: every model takes 3, as before NOTES 149.)
+constexpr int kCsChunks = kCsMaxX / 16 / 32, kCsFewChunks = kCsMaxDim / 16 / 32;
+static_assert(kCsFewChunks < kCsChunks, "two forms of the layers' kernel");
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
@@ -475,7 +474,6 @@ struct CsLaneXOf {
         }
     }
 };
-using CsLaneX = CsLaneXOf<kCsChunks>;
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
@@ -612,7 +610,7 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
-template <typename KV>
+template <typename KV, int kChunks>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
                              uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
@@ -626,7 +624,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    CsLaneX lx;
+    CsLaneXOf<kChunks> lx;
     float inv_rms;
 #ifdef CS_TWICE
     // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
@@ -866,7 +864,7 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     cs_consumers_sync();
 }
 
-template <typename KV>
+template <typename KV, int kChunks>
 __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
@@ -909,7 +907,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                   : cs_linear_hop<KV>(p, s, h, rank, ring, x, dst, bar_at);
+                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -926,7 +924,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
 
-template <typename KV>
+template <typename KV, int kChunks>
 __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_constant__ CsParams p) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     CsSmem *s = reinterpret_cast<CsSmem *>(cs_smem);
@@ -941,7 +939,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
     if (threadIdx.x >= kCsConsumers) cs_produce<KV>(p, s, rank);
-    else cs_consume<KV>(p, s, rank);
+    else cs_consume<KV, kChunks>(p, s, rank);
     __syncwarp();
     cs_cluster_sync();   // no block leaves while another may still write its shared memory
 }
@@ -994,13 +992,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-#ifdef CS_CLS_CHUNKS
-    // (a measurement build: the classifier's x is the model's width, at most kCsMaxDim, so its lanes
-    // need fewer chunks than a layer's widest x: NOTES 149)
-    CsLaneXOf<kCsMaxDim / 16 / 32> lx;
-#else
-    CsLaneX lx;
-#endif
+    CsLaneXOf<kCsFewChunks> lx;
     lx.load(s->digits, s->u, c.dim, c.group_chunks);
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
@@ -1177,6 +1169,18 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
     return true;
 }
 
+// The layers' kernel for a model: its cache's type, and a lane's chunks of x as few as hold the
+// widest x of a hop (the model's width, the output projection's q, w2's hidden width).
+static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
+    const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
+    bool few = widest <= 512 * kCsFewChunks;
+#ifdef CS_WIDE_ONLY
+    few = false;
+#endif
+    if (at.kv_half) return few ? cs_layers_kernel<__half, kCsFewChunks> : cs_layers_kernel<__half, kCsChunks>;
+    return few ? cs_layers_kernel<float, kCsFewChunks> : cs_layers_kernel<float, kCsChunks>;
+}
+
 // The shapes the kernels hold (else why): widths, heads, each hop's records.
 static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const CsHop *hops, char *why) {
     const LinearCall &qkv = st[1].linear, &w13 = st[4].linear;
@@ -1185,8 +1189,6 @@ static bool cs_shape_fits(const MegaStage *st, int n, MegaAttention at, const Cs
     if (dim > kCsMaxDim || q_dim + 2 * kvd > kCsMaxX || hidden > kCsMaxX)
         return snprintf(why, ERR_LEN, "width %d, q, k and v %d or hidden %d past its %d, %d and %d", dim, q_dim + 2 * kvd, hidden, kCsMaxDim,
                         kCsMaxX, kCsMaxX), false;
-    if (max(dim, max(q_dim, hidden)) > 512 * kCsChunks)   // (a hop's x: a lane's chunks of 16)
-        return snprintf(why, ERR_LEN, "a hop's input wider than %d (width %d, q %d, hidden %d)", 512 * kCsChunks, dim, q_dim, hidden), false;
     if (dim % 4) return snprintf(why, ERR_LEN, "width %d (it takes multiples of 4)", dim), false;
     if (at.head_size < 16 / esize || at.head_size > kCsMaxHead || at.head_size * esize % 16)   // (so q_dim and kvd are even: RoPE's pairs)
         return snprintf(why, ERR_LEN, "head size %d (it takes multiples of %d up to %d)", at.head_size, 16 / esize, kCsMaxHead), false;
@@ -1297,7 +1299,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CsParams &p = c->p;
     p.n_hops = n - 2;
     c->smem = offsetof(CsSmem, hops) + (size_t)p.n_hops * sizeof(CsHop);
-    c->layers = at.kv_half ? cs_layers_kernel<__half> : cs_layers_kernel<float>;
+    c->layers = cs_layers_for(st, at);
     if (c->smem > (size_t)optin) return snprintf(why, ERR_LEN, "its %zu bytes of shared memory", c->smem), cs_free(c), (GpuCluster *)NULL;
     p.cluster = cs_cluster_size(g, c->layers, c->smem);
     if (!p.cluster) return snprintf(why, ERR_LEN, "this GPU places no cluster of 8 or 16 of its blocks"), cs_free(c), (GpuCluster *)NULL;

@@ -2195,6 +2195,17 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
+    // hidden widths of 700 and 1,100: the cluster step's kernels for x up to 1,024 wide and past
+    // it, with two and three 16-column chunks a lane (w2's last chunk a lane in part; groups of 32
+    // that do not divide w2's x), grouped-query ratio 5
+    const int hiddens[] = {700, 1100};
+    for (size_t i = 0; i < sizeof hiddens / sizeof hiddens[0]; i++) {
+        char label[96], *fp32 = tpath("w32.bin"), *q8 = tpath("w8.bin");
+        const Config c = LLAMA2C_CONFIG(320, hiddens[i], 2, 5, 1, 97, 80);
+        random_model_files(c, 0, 32, 0, fp32, q8, NULL);
+        snprintf(label, sizeof label, "random model hidden %d, gqa ratio 5 int8 gs32", hiddens[i]);
+        compare_executors(label, q8, 70, 7, 0);
+    }
     // a vocabulary of 70,001: the megakernel's classifier in units of at most 256 rows, up to three
     // a block (over 132 blocks)
     Config vocab = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 70001, 80);
