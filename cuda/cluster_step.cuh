@@ -53,6 +53,13 @@ constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 16
 // (CS_WIDE_ONLY, a measurement build: every model takes 3, as before NOTES 149.)
 constexpr int kCsChunks = kCsMaxX / 16 / 32, kCsFewChunks = kCsMaxDim / 16 / 32;
 static_assert(kCsFewChunks < kCsChunks, "two forms of the layers' kernel");
+// CS_TAIL_WIDE (a measurement build, NOTES 150): the three-chunk form's lanes take a hop's last
+// chunks as items (CsLaneXOf's kTail), where NOTES 124 measured them in every form.
+#ifdef CS_TAIL_WIDE
+constexpr bool kCsTailWide = true;
+#else
+constexpr bool kCsTailWide = false;
+#endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
@@ -431,39 +438,39 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
 // steps and the weights' scale of each.
-template <int kChunks>
+// kTail: the tail items below.
+template <int kChunks, bool kTail = false>
 struct CsLaneXOf {
     static constexpr int kMaxChunks = kChunks;
+    static constexpr bool kTailItems = kTail;
     uint4 d[kChunks][3];
     float u[kChunks];
     int scale[kChunks];
     int chunks;
-    int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (below: CS_TAIL_ITEMS)
-#ifdef CS_TAIL_ITEMS
-    // (a measurement build: when the chunks past the last full pass over the lanes are t <= 4, a
-    // pass of a lane a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row,
-    // chunk) item (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
+    int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (kTail: below)
+    // (kTail: when the chunks past the last full pass over the lanes are t <= 4, a pass of a lane
+    // a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row, chunk) item
+    // (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
     int tail_row, tail_c, tail_scale;   // tail_row 8: no item
     uint4 tail_d[3];
     float tail_u;
-#endif
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
         const int lane = threadIdx.x % 32;
         const SmallDiv group_of(group_chunks);
         chunks = (K + 15) / 16;
         full = chunks;
-#ifdef CS_TAIL_ITEMS
-        const int t = chunks % 32;
-        if (t <= 4) full = chunks - t;
-        tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
-        for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
-        if (full < chunks && lane < 8 * t) {
-            tail_row = lane / t, tail_c = full + lane % t;
-            tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
-            for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
+        if constexpr (kTail) {
+            const int t = chunks % 32;
+            if (t <= 4) full = chunks - t;
+            tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
+            for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
+            if (full < chunks && lane < 8 * t) {
+                tail_row = lane / t, tail_c = full + lane % t;
+                tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
+                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
+            }
         }
-#endif
 #pragma unroll
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
@@ -514,19 +521,19 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             acc[r] += scale[r] * x.u[j] * sum;
         }
     }
-#ifdef CS_TAIL_ITEMS
-    if (x.full < x.chunks) {   // (the warp's lanes alike) this lane's (row, chunk) item of the tail
-        const int r = x.tail_row;
-        float v = 0.0f;
-        if (r < 8) {
-            const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-            const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-            v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
-        }
+    if constexpr (LaneX::kTailItems) {
+        if (x.full < x.chunks) {   // (the warp's lanes alike) this lane's (row, chunk) item of the tail
+            const int r = x.tail_row;
+            float v = 0.0f;
+            if (r < 8) {
+                const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
+                const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
+                v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
+            }
 #pragma unroll
-        for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
+            for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
+        }
     }
-#endif
 #pragma unroll
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
@@ -624,7 +631,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    CsLaneXOf<kChunks> lx;
+    CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
     float inv_rms;
 #ifdef CS_TWICE
     // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
