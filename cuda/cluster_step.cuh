@@ -1180,7 +1180,7 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
 // widest x of a hop (the model's width, the output projection's q, w2's hidden width).
 static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
     const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
-    bool few = widest <= 512 * kCsFewChunks;
+    bool few = widest <= 16 * 32 * kCsFewChunks;   // (a chunk a lane: 16 columns x 32 lanes a pass)
 #ifdef CS_WIDE_ONLY
     few = false;
 #endif
