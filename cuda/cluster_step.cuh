@@ -60,6 +60,14 @@ constexpr bool kCsTailWide = true;
 #else
 constexpr bool kCsTailWide = false;
 #endif
+// CS_HOST_RECIP (a measurement build): the divisors that a step keeps (a slot's key rows, the
+// query heads a kv head, a head's 4-element units, a group's chunks) divide by reciprocals made on
+// the host, not by a reciprocal (with its range check and branch) at the start of each hop.
+#ifdef CS_HOST_RECIP
+#define CS_DIV(d, inv) SmallDiv(inv)
+#else
+#define CS_DIV(d, inv) SmallDiv(d)
+#endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
@@ -72,10 +80,12 @@ struct CsHop {
     int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
     int expect;                         // the bytes a block's input barrier counts from the hop's sends (cs_hop_sends)
     unsigned idle_ranks;                // bit r: block r has nothing to send (no rows, or no head)
+    float group_inv;                    // small_div_inverse(group_chunks)
     const unsigned char *w;
     const float *gamma;   // the norm's weights (K), or null
 };
 
+static_assert(sizeof(CsHop) == 64, "a hop's fields: the layers' shared memory holds 150 of them");
 struct CsParams {
     int n_hops, cluster, dim, q_dim, kvd, n_heads, n_kv_heads, hs, seq, vocab;
     int per;   // a slot's rows of a head's keys (or values)
@@ -92,6 +102,8 @@ struct CsParams {
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
     int kv_group, key_shift;  // query heads a kv head; log2 of the rows a key row's first bank repeats after (cs_key_first)
+    float per_inv, kv_group_inv, quads_inv;   // small_div_inverse of per, kv_group and hs / 4
+    const float2 *rope;       // CS_ROPE_TABLE: (seq, hs / 2) cos and sin of pos x freq (cs_rope_kernel), else NULL
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -103,6 +115,7 @@ struct CsClsParams {
     int *inputs, *argmax;      // fed as argmax_kernel feeds them
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
+    float group_inv;             // small_div_inverse(group_chunks)
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
@@ -455,9 +468,8 @@ struct CsLaneXOf {
     uint4 tail_d[3];
     float tail_u;
     template <int kWords>
-    __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, int group_chunks) {
+    __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
         const int lane = threadIdx.x % 32;
-        const SmallDiv group_of(group_chunks);
         chunks = (K + 15) / 16;
         full = chunks;
         if constexpr (kTail) {
@@ -466,7 +478,8 @@ struct CsLaneXOf {
             tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
             for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
             if (full < chunks && lane < 8 * t) {
-                tail_row = lane / t, tail_c = full + lane % t;
+                // lane / t by a multiply (1 <= t <= 4, lane < 32: (lane * ceil(2^16 / t)) >> 16 is exact)
+                tail_row = lane * (t == 3 ? 21846 : 65536 >> (t >> 1)) >> 16, tail_c = full + lane - tail_row * t;
                 tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
                 for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
             }
@@ -649,7 +662,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
-    lx.load(s->digits, s->u, h.K, h.group_chunks);
+    lx.load(s->digits, s->u, h.K, CS_DIV(h.group_chunks, h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -695,6 +708,13 @@ constexpr int kCsPartStride = kCsMaxHead + 4;   // a warp's part: hs sums, its m
 static_assert(kCsScratchBytes >= sizeof(float) * kCsWarps * kCsPartStride && kCsScratchAt % 16 == 0,
               "the warps' parts fit, aligned, where a linear hop stages x");
 
+// CS_ATTN_UNROLL (a measurement build, else 4): how far the attention's loops over a head's
+// units and over a slice's value rows are unrolled; less unrolled, smaller code (NOTES 148, 151).
+#ifndef CS_ATTN_UNROLL
+#define CS_ATTN_UNROLL 4
+#endif
+constexpr int kCsAttnUnroll = CS_ATTN_UNROLL;
+
 // 4 elements of a key or value row as floats (FP16: 8 bytes, FP32: 16; k 4-element aligned).
 __device__ __forceinline__ float4 cs_load4(const __half *k) {
     const uint2 u = *reinterpret_cast<const uint2 *>(k);
@@ -718,9 +738,9 @@ __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
         a = fmaf(qv.x, kv.x, a), b = fmaf(qv.y, kv.y, b), a = fmaf(qv.z, kv.z, a), b = fmaf(qv.w, kv.w, b);
     };
-#pragma unroll 4
+#pragma unroll kCsAttnUnroll
     for (int u = first; u < n; u++) unit(u);
-#pragma unroll 4
+#pragma unroll kCsAttnUnroll
     for (int u = 0; u < first; u++) unit(u);
     return a + b;
 }
@@ -738,13 +758,13 @@ __host__ __device__ inline int cs_key_shift(int hs) {
 // hs / 4).
 __device__ __forceinline__ int cs_key_first(const CsParams &p, int lane) {
     const int n = p.hs / 4, r = lane >> p.key_shift;
-    return r - n * SmallDiv(n)(r);
+    return r - n * CS_DIV(n, p.quads_inv)(r);
 }
 // q . the step's own key row k (in x, FP32), each element rounded as the cache holds it.
 template <typename KV>
 __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int hs) {
     float a = 0.0f, b = 0.0f;
-#pragma unroll 4
+#pragma unroll kCsAttnUnroll
     for (int u = 0; u < hs / 4; u++) {
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = *reinterpret_cast<const float4 *>(k + 4 * u);
         a = fmaf(qv.x, (float)(KV)kv.x, a), b = fmaf(qv.y, (float)(KV)kv.y, b);
@@ -758,7 +778,7 @@ __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int
 // key rows, then kp of its value rows). Returns the pieces it took.
 template <typename KV>
 __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
-    const SmallDiv piece_of(p.per);   // t / p.per (t below 2^12)
+    const SmallDiv piece_of = CS_DIV(p.per, p.per_inv);   // t / p.per (t below 2^12)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
     const int first = cs_key_first(p, lane);
@@ -767,7 +787,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-        const int kvh = SmallDiv(p.kv_group)(head), base = 2 * kp * nth;
+        const int kvh = CS_DIV(p.kv_group, p.kv_group_inv)(head), base = 2 * kp * nth;
         const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
@@ -807,7 +827,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             const int piece = piece_of(t), row = t - piece * p.per, run = min(end - t, p.per - row);
             const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
             const float *e = s->scores + t;
-#pragma unroll 4
+#pragma unroll kCsAttnUnroll
             for (int r = 0; r < run; r++, v += p.hs) {
                 const float w = e[r];
 #pragma unroll
@@ -840,7 +860,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int w = 0; w < kCsWarps; w++) f[w] = expf(part[w][kCsMaxHead] - mx), den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
         const float inv = 1.0f / den;
         const int quads = p.hs / 4;
-        const SmallDiv block_of(quads);   // (t below 16 x 32)
+        const SmallDiv block_of = CS_DIV(quads, p.quads_inv);   // (t below 16 x 32)
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
             const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -866,7 +886,17 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     const size_t row = (size_t)token * p.emb_stride;
     for (int i = threadIdx.x; i < p.dim; i += kCsConsumers)
         s->res[i] = p.emb_f ? __ldg(p.emb_f + row + i) : __ldg(p.emb_q + row + i) * __ldg(p.emb_s + (size_t)token * p.emb_groups + i / p.emb_gs);
+#ifdef CS_ROPE_TABLE
+    // (a measurement build: the angles from a table made at load by the same sincosf, so that the
+    // step's code holds no sincosf, whose slow path is most of the embedding's machine code)
+    const float2 *angles = p.rope + (size_t)min(pos, p.seq - 1) * (p.hs / 2);
+    for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) {
+        const float2 a = __ldg(angles + i);
+        s->rope_cos[i] = a.x, s->rope_sin[i] = a.y;
+    }
+#else
     for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) sincosf(pos * __ldg(p.rope_freq + i), &s->rope_sin[i], &s->rope_cos[i]);
+#endif
     if (threadIdx.x == 0) s->pos = pos;
     cs_consumers_sync();
 }
@@ -1000,7 +1030,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneXOf<kCsFewChunks> lx;
-    lx.load(s->digits, s->u, c.dim, c.group_chunks);
+    lx.load(s->digits, s->u, c.dim, CS_DIV(c.group_chunks, c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
@@ -1059,6 +1089,18 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
     }
 }
 
+#ifdef CS_ROPE_TABLE
+// CsParams::rope: row pos, pair i: cos and sin of pos * freq[i], by cs_embed's sincosf.
+__global__ void cs_rope_kernel(float2 *rope, const float *freq, int half, int seq) {
+    for (int at = blockIdx.x * blockDim.x + threadIdx.x; at < seq * half; at += gridDim.x * blockDim.x) {
+        const int pos = at / half, i = at - pos * half;
+        float sn, cs;
+        sincosf(pos * __ldg(freq + i), &sn, &cs);
+        rope[at] = make_float2(cs, sn);
+    }
+}
+#endif
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1099,7 +1141,7 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     const int n_w = kind == CS_QKV ? 3 : kind == CS_SWIGLU ? 2 : 1, K = c.w[0]->cols, groups = c.w[0]->groups;
     const bool bias = kind == CS_QKV && c.qkv.bias[0];
     CsHop h = {};
-    h.kind = kind, h.K = K, h.layer = layer, h.group_chunks = c.w[0]->gs / 16;
+    h.kind = kind, h.K = K, h.layer = layer, h.group_chunks = c.w[0]->gs / 16, h.group_inv = small_div_inverse(h.group_chunks);
     if (c.norm_w) {
         if (pack) CUDA_CHECK(cudaMemcpyAsync(pack + *at, c.norm_w, 4 * (size_t)K, cudaMemcpyDeviceToDevice, g->stream));
         h.gamma = pack ? reinterpret_cast<const float *>(pack + *at) : c.norm_w;
@@ -1257,6 +1299,7 @@ static void cs_free(GpuCluster *c) {
     if (c->pack) CUDA_CHECK(cudaFree(c->pack));
     if (c->best) CUDA_CHECK(cudaFree(c->best));
     if (c->p.trace) CUDA_CHECK(cudaFree(c->p.trace));
+    if (c->p.rope) CUDA_CHECK(cudaFree(const_cast<float2 *>(c->p.rope)));
     free(c);   // (aligned_alloc's)
 }
 
@@ -1282,7 +1325,7 @@ static bool cs_classifier(GpuCtx *g, GpuCluster *c, const LinearCall &cls, size_
     size_t end = at;
     const CsHop h = cs_hop(cls, CS_RESID, 1, c->pack, &end, 0, g);   // (the records as a hop's, one block's rows)
     CsClsParams &k = c->c;
-    k.dim = h.K, k.vocab = h.rows, k.rec = h.rec, k.group_chunks = h.group_chunks, k.eps = cls.norm_eps;
+    k.dim = h.K, k.vocab = h.rows, k.rec = h.rec, k.group_chunks = h.group_chunks, k.group_inv = h.group_inv, k.eps = cls.norm_eps;
     k.rows_per_block = round_up(ceil_div_i(h.rows, c->cls_blocks), 8);
     k.w = h.w, k.gamma = h.gamma, k.x = c->p.out, k.logits = cls.y;
     c->cls_smem = sizeof(CsClsSmem);
@@ -1327,6 +1370,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.hs = at.head_size, p.seq = at.seq_len, p.vocab = cls.w[0]->rows;
     p.per = kCsSlotBytes / (at.head_size * esize) < 256 ? kCsSlotBytes / (at.head_size * esize) : 256;
     p.att_scale = 1.0f / sqrtf((float)at.head_size), p.kv_group = at.n_heads / at.n_kv_heads;
+    p.per_inv = small_div_inverse(p.per), p.kv_group_inv = small_div_inverse(p.kv_group), p.quads_inv = small_div_inverse(at.head_size / 4);
     p.key_shift = at.kv_half ? cs_key_shift<__half>(at.head_size) : cs_key_shift<float>(at.head_size);
     p.eps = qkv.norm_eps, p.inputs = g->inputs, p.rope_freq = qkv.qkv.rope_freq;
     const Mat *emb = st[0].embedding;
@@ -1345,6 +1389,14 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
+#ifdef CS_ROPE_TABLE
+    {
+        float2 *rope = NULL;
+        CUDA_CHECK(cudaMalloc(&rope, (size_t)p.seq * (p.hs / 2) * sizeof(float2)));
+        launch(g, "cs_rope_kernel", cs_rope_kernel, dim3(ceil_div_i(p.seq * (p.hs / 2), 256)), dim3(256), 0, rope, p.rope_freq, p.hs / 2, p.seq);
+        p.rope = rope;
+    }
+#endif
     CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;

@@ -108,11 +108,15 @@ __device__ float block_reduce(float v, float *red) {
 // an integer, and the two roundings move it by under 2^-22 of itself (tests/test_run.c checks every
 // pair below 2^12 on the GPU; a larger d than c gives 0). A division at run time is a chain of a
 // dozen integer instructions (bench/NOTES.md 120, 124, 142).
+// The reciprocal can also come from the host (small_div_inverse: the same value, 1 / d rounded
+// to nearest in both), so that a kernel's constant divisors cost it no reciprocal of its own.
 struct SmallDiv {
     float inv;
     __device__ explicit SmallDiv(int d) : inv(0.0f) { inv = __frcp_rn((float)d); }
+    __device__ explicit SmallDiv(float inv_d) : inv(inv_d) {}   // inv_d: small_div_inverse(d)
     __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
 };
+static inline float small_div_inverse(int d) { return 1.0f / (float)d; }
 
 // 1 / rms of n values whose squares sum to sumsq, eps added to the mean square: rmsnorm_kernel's
 // factor (and the CPU's).
