@@ -53,20 +53,28 @@ constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 16
 // (CS_WIDE_ONLY, a measurement build: every model takes 3, as before NOTES 149.)
 constexpr int kCsChunks = kCsMaxX / 16 / 32, kCsFewChunks = kCsMaxDim / 16 / 32;
 static_assert(kCsFewChunks < kCsChunks, "two forms of the layers' kernel");
-// CS_TAIL_WIDE (a measurement build, NOTES 150): the three-chunk form's lanes take a hop's last
-// chunks as items (CsLaneXOf's kTail), where NOTES 124 measured them in every form.
-#ifdef CS_TAIL_WIDE
-constexpr bool kCsTailWide = true;
-#else
+// The three-chunk form's lanes take a hop's last chunks as items (CsLaneXOf's kTail; NOTES 150,
+// 152). CS_NO_TAIL, a measurement build: without them.
+#ifdef CS_NO_TAIL
 constexpr bool kCsTailWide = false;
-#endif
-// CS_HOST_RECIP (a measurement build): the divisors that a step keeps (a slot's key rows, the
-// query heads a kv head, a head's 4-element units, a group's chunks) divide by reciprocals made on
-// the host, not by a reciprocal (with its range check and branch) at the start of each hop.
-#ifdef CS_HOST_RECIP
-#define CS_DIV(d, inv) SmallDiv(inv)
 #else
-#define CS_DIV(d, inv) SmallDiv(d)
+constexpr bool kCsTailWide = true;
+#endif
+// CS_FAST_RCP (a measurement build): the reciprocals of values the step makes (a staged group's
+// step and its inverse, the softmax's denominator, SwiGLU's sigmoid) by the fast approximate
+// forms, without the IEEE forms' range checks and branches on the hops' chains. (CS_CLS_TAIL, a
+// measurement build: the classifier's lanes take x's last chunks as tail items.)
+#ifdef CS_FAST_RCP
+__device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }
+__device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
+#else
+__device__ __forceinline__ float cs_rcp(float d) { return 1.0f / d; }
+__device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
+#endif
+#ifdef CS_CLS_TAIL
+constexpr bool kCsClsTail = true;
+#else
+constexpr bool kCsClsTail = false;
 #endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
@@ -80,7 +88,7 @@ struct CsHop {
     int layer, group_chunks, bias_at;   // group_chunks: the weights' group size / 16; bias_at 0: no bias
     int expect;                         // the bytes a block's input barrier counts from the hop's sends (cs_hop_sends)
     unsigned idle_ranks;                // bit r: block r has nothing to send (no rows, or no head)
-    float group_inv;                    // small_div_inverse(group_chunks)
+    float group_inv;                    // small_div_inverse(group_chunks): the lanes' scale index (CsLaneXOf::load)
     const unsigned char *w;
     const float *gamma;   // the norm's weights (K), or null
 };
@@ -102,8 +110,9 @@ struct CsParams {
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
     int kv_group, key_shift;  // query heads a kv head; log2 of the rows a key row's first bank repeats after (cs_key_first)
-    float per_inv, kv_group_inv, quads_inv;   // small_div_inverse of per, kv_group and hs / 4
-    const float2 *rope;       // CS_ROPE_TABLE: (seq, hs / 2) cos and sin of pos x freq (cs_rope_kernel), else NULL
+    // small_div_inverse of per, kv_group and hs / 4: the step's divisors' reciprocals from the host,
+    // where the device's own would stand at the start of each attention hop (NOTES 152)
+    float per_inv, kv_group_inv, quads_inv;
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -427,7 +436,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
         }
 #pragma unroll
         for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
-        const float step = m > 0.0f ? m / 127.0f : 1.0f, inv = 1.0f / step;
+        const float step = m > 0.0f ? cs_div127(m) : 1.0f, inv = cs_rcp(step);
         uint32_t d[3] = {0, 0, 0};
 #pragma unroll
         for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
@@ -662,7 +671,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
-    lx.load(s->digits, s->u, h.K, CS_DIV(h.group_chunks, h.group_inv));
+    lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -684,7 +693,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
             float out = v;
-            if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * (1.0f / (1.0f + expf(-v))) * other;
+            if (h.kind == CS_SWIGLU) out = (r & 1) ? 0.0f : v * cs_rcp(1.0f + expf(-v)) * other;
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
@@ -707,13 +716,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 constexpr int kCsPartStride = kCsMaxHead + 4;   // a warp's part: hs sums, its maximum, its sum (16-byte rows)
 static_assert(kCsScratchBytes >= sizeof(float) * kCsWarps * kCsPartStride && kCsScratchAt % 16 == 0,
               "the warps' parts fit, aligned, where a linear hop stages x");
-
-// CS_ATTN_UNROLL (a measurement build, else 4): how far the attention's loops over a head's
-// units and over a slice's value rows are unrolled; less unrolled, smaller code (NOTES 148, 151).
-#ifndef CS_ATTN_UNROLL
-#define CS_ATTN_UNROLL 4
-#endif
-constexpr int kCsAttnUnroll = CS_ATTN_UNROLL;
 
 // 4 elements of a key or value row as floats (FP16: 8 bytes, FP32: 16; k 4-element aligned).
 __device__ __forceinline__ float4 cs_load4(const __half *k) {
@@ -738,9 +740,9 @@ __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
         a = fmaf(qv.x, kv.x, a), b = fmaf(qv.y, kv.y, b), a = fmaf(qv.z, kv.z, a), b = fmaf(qv.w, kv.w, b);
     };
-#pragma unroll kCsAttnUnroll
+#pragma unroll 4
     for (int u = first; u < n; u++) unit(u);
-#pragma unroll kCsAttnUnroll
+#pragma unroll 4
     for (int u = 0; u < first; u++) unit(u);
     return a + b;
 }
@@ -758,13 +760,13 @@ __host__ __device__ inline int cs_key_shift(int hs) {
 // hs / 4).
 __device__ __forceinline__ int cs_key_first(const CsParams &p, int lane) {
     const int n = p.hs / 4, r = lane >> p.key_shift;
-    return r - n * CS_DIV(n, p.quads_inv)(r);
+    return r - n * SmallDiv(p.quads_inv)(r);
 }
 // q . the step's own key row k (in x, FP32), each element rounded as the cache holds it.
 template <typename KV>
 __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int hs) {
     float a = 0.0f, b = 0.0f;
-#pragma unroll kCsAttnUnroll
+#pragma unroll 4
     for (int u = 0; u < hs / 4; u++) {
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = *reinterpret_cast<const float4 *>(k + 4 * u);
         a = fmaf(qv.x, (float)(KV)kv.x, a), b = fmaf(qv.y, (float)(KV)kv.y, b);
@@ -778,7 +780,7 @@ __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int
 // key rows, then kp of its value rows). Returns the pieces it took.
 template <typename KV>
 __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst, uint32_t bar_at) {
-    const SmallDiv piece_of = CS_DIV(p.per, p.per_inv);   // t / p.per (t below 2^12)
+    const SmallDiv piece_of(p.per_inv);   // t / p.per (t below 2^12)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
     const int first = cs_key_first(p, lane);
@@ -787,7 +789,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-        const int kvh = CS_DIV(p.kv_group, p.kv_group_inv)(head), base = 2 * kp * nth;
+        const int kvh = SmallDiv(p.kv_group_inv)(head), base = 2 * kp * nth;
         const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
@@ -827,7 +829,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             const int piece = piece_of(t), row = t - piece * p.per, run = min(end - t, p.per - row);
             const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
             const float *e = s->scores + t;
-#pragma unroll kCsAttnUnroll
+#pragma unroll 4
             for (int r = 0; r < run; r++, v += p.hs) {
                 const float w = e[r];
 #pragma unroll
@@ -858,9 +860,9 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int w = 0; w < kCsWarps; w++) mx = fmaxf(mx, part[w][kCsMaxHead]);
 #pragma unroll
         for (int w = 0; w < kCsWarps; w++) f[w] = expf(part[w][kCsMaxHead] - mx), den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
-        const float inv = 1.0f / den;
+        const float inv = cs_rcp(den);
         const int quads = p.hs / 4;
-        const SmallDiv block_of = CS_DIV(quads, p.quads_inv);   // (t below 16 x 32)
+        const SmallDiv block_of(p.quads_inv);   // (t below 16 x 32)
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
             const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -886,17 +888,7 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     const size_t row = (size_t)token * p.emb_stride;
     for (int i = threadIdx.x; i < p.dim; i += kCsConsumers)
         s->res[i] = p.emb_f ? __ldg(p.emb_f + row + i) : __ldg(p.emb_q + row + i) * __ldg(p.emb_s + (size_t)token * p.emb_groups + i / p.emb_gs);
-#ifdef CS_ROPE_TABLE
-    // (a measurement build: the angles from a table made at load by the same sincosf, so that the
-    // step's code holds no sincosf, whose slow path is most of the embedding's machine code)
-    const float2 *angles = p.rope + (size_t)min(pos, p.seq - 1) * (p.hs / 2);
-    for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) {
-        const float2 a = __ldg(angles + i);
-        s->rope_cos[i] = a.x, s->rope_sin[i] = a.y;
-    }
-#else
     for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) sincosf(pos * __ldg(p.rope_freq + i), &s->rope_sin[i], &s->rope_cos[i]);
-#endif
     if (threadIdx.x == 0) s->pos = pos;
     cs_consumers_sync();
 }
@@ -1029,8 +1021,8 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-    CsLaneXOf<kCsFewChunks> lx;
-    lx.load(s->digits, s->u, c.dim, CS_DIV(c.group_chunks, c.group_inv));
+    CsLaneXOf<kCsFewChunks, kCsClsTail> lx;
+    lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
@@ -1088,18 +1080,6 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
         rec_out[i] = byte;
     }
 }
-
-#ifdef CS_ROPE_TABLE
-// CsParams::rope: row pos, pair i: cos and sin of pos * freq[i], by cs_embed's sincosf.
-__global__ void cs_rope_kernel(float2 *rope, const float *freq, int half, int seq) {
-    for (int at = blockIdx.x * blockDim.x + threadIdx.x; at < seq * half; at += gridDim.x * blockDim.x) {
-        const int pos = at / half, i = at - pos * half;
-        float sn, cs;
-        sincosf(pos * __ldg(freq + i), &sn, &cs);
-        rope[at] = make_float2(cs, sn);
-    }
-}
-#endif
 
 }  // namespace
 
@@ -1299,7 +1279,6 @@ static void cs_free(GpuCluster *c) {
     if (c->pack) CUDA_CHECK(cudaFree(c->pack));
     if (c->best) CUDA_CHECK(cudaFree(c->best));
     if (c->p.trace) CUDA_CHECK(cudaFree(c->p.trace));
-    if (c->p.rope) CUDA_CHECK(cudaFree(const_cast<float2 *>(c->p.rope)));
     free(c);   // (aligned_alloc's)
 }
 
@@ -1389,14 +1368,6 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-#ifdef CS_ROPE_TABLE
-    {
-        float2 *rope = NULL;
-        CUDA_CHECK(cudaMalloc(&rope, (size_t)p.seq * (p.hs / 2) * sizeof(float2)));
-        launch(g, "cs_rope_kernel", cs_rope_kernel, dim3(ceil_div_i(p.seq * (p.hs / 2), 256)), dim3(256), 0, rope, p.rope_freq, p.hs / 2, p.seq);
-        p.rope = rope;
-    }
-#endif
     CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;

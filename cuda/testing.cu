@@ -19,24 +19,32 @@ extern "C" void gpu_dequant(GpuCtx *g, float *dst, const Mat *w) { launch_dequan
 
 extern "C" void *gpu_stream(GpuCtx *g) { return g->stream; }
 
-// SmallDiv(d)(c) against c / d for d = blockIdx.x + 1 and every c below 2^12: the pairs that differ
-// counted in out[0], one such pair in out[1] as c * 4096 + d.
-__global__ void small_div_kernel(int *out) {
+// SmallDiv(d)(c), and SmallDiv of the host's inverse of d (host_inv[d - 1]), against c / d for
+// d = blockIdx.x + 1 and every c below 2^12: the pairs where either differs counted in out[0], one
+// such pair in out[1] as c * 4096 + d (c 0 where only the two reciprocals differ).
+__global__ void small_div_kernel(int *out, const float *host_inv) {
     pdl_wait();
     const int d = blockIdx.x + 1;
-    const SmallDiv div(d);
+    const SmallDiv div(d), by_host(host_inv[d - 1]);
+    if (threadIdx.x == 0 && __float_as_uint(div.inv) != __float_as_uint(by_host.inv)) atomicAdd(out, 1), atomicExch(out + 1, d);
     for (int c = threadIdx.x; c < 4096; c += blockDim.x)
-        if (div(c) != c / d) atomicAdd(out, 1), atomicExch(out + 1, c * 4096 + d);
+        if (div(c) != c / d || by_host(c) != c / d) atomicAdd(out, 1), atomicExch(out + 1, c * 4096 + d);
 }
 
 extern "C" int gpu_small_div_mismatches(GpuCtx *g, int *c, int *d) {
+    static float inv[4095];
+    for (int d = 1; d <= 4095; d++) inv[d - 1] = small_div_inverse(d);
     int *out, host[2];
+    float *dev_inv;
     CUDA_CHECK(cudaMalloc(&out, sizeof host));
+    CUDA_CHECK(cudaMalloc(&dev_inv, sizeof inv));
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof host, g->stream));
-    launch(g, "small_div_kernel", small_div_kernel, dim3(4095), dim3(256), 0, out);
+    CUDA_CHECK(cudaMemcpyAsync(dev_inv, inv, sizeof inv, cudaMemcpyHostToDevice, g->stream));
+    launch(g, "small_div_kernel", small_div_kernel, dim3(4095), dim3(256), 0, out, (const float *)dev_inv);
     CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDeviceToHost, g->stream));
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(dev_inv));
     *c = host[1] / 4096, *d = host[1] % 4096;
     return host[0];
 }

@@ -2206,6 +2206,17 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model hidden %d, gqa ratio 5 int8 gs32", hiddens[i]);
         compare_executors(label, q8, 70, 7, 0);
     }
+    // the three-chunk form's tail items (chunks past its last full pass over the lanes, 1 to 4 of
+    // them, as (row, chunk) items): dim 560 (35 chunks: 3 past the pass) with hidden 1,048 (66: 2,
+    // the last one half past K), heads of 80 on one kv head; dim 64 (4 chunks, every one an item)
+    // with hidden 1,040 (65: 1)
+    const Config tails[] = {LLAMA2C_CONFIG(560, 1048, 2, 7, 1, 97, 80), LLAMA2C_CONFIG(64, 1040, 2, 4, 2, 97, 80)};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        char label[96], *fp32 = tpath("t32.bin"), *q8 = tpath("t8.bin");
+        random_model_files(tails[i], 0, 32, 0, fp32, q8, NULL);
+        snprintf(label, sizeof label, "random model dim %d, hidden %d int8 gs32", tails[i].dim, tails[i].hidden_dim);
+        compare_executors(label, q8, 70, 7, 0);
+    }
     // a vocabulary of 70,001: the megakernel's classifier in units of at most 256 rows, up to three
     // a block (over 132 blocks)
     Config vocab = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 70001, 80);
@@ -2517,11 +2528,13 @@ static void test_gpu_imports(void) {
     arena_free();
 }
 
-// SmallDiv (the cluster step's index arithmetic) is the quotient for every pair below 2^12.
+// SmallDiv (the cluster step's index arithmetic) is the quotient for every pair below 2^12, by the
+// device's reciprocal and by the host's (small_div_inverse), and the two reciprocals are the same.
 static void test_gpu_small_div(void) {
     int c = 0, d = 0;
     const int bad = gpu_small_div_mismatches(gctx, &c, &d);
-    check(bad == 0, "gpu SmallDiv: c / d by the reciprocal, every c, d below 2^12", "%d pairs differ, e.g. %d / %d", bad, c, d);
+    check(bad == 0, "gpu SmallDiv: c / d by the reciprocal, the device's or the host's, every c, d below 2^12",
+          "%d pairs differ, e.g. %d / %d (0 / d: the reciprocals differ)", bad, c, d);
 }
 
 static void test_gpu_kernels(void) {
