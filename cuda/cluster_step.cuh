@@ -60,21 +60,16 @@ constexpr bool kCsTailWide = false;
 #else
 constexpr bool kCsTailWide = true;
 #endif
-// CS_FAST_RCP (a measurement build): the reciprocals of values the step makes (a staged group's
-// step and its inverse, the softmax's denominator, SwiGLU's sigmoid) by the fast approximate
-// forms, without the IEEE forms' range checks and branches on the hops' chains. (CS_CLS_TAIL, a
-// measurement build: the classifier's lanes take x's last chunks as tail items.)
-#ifdef CS_FAST_RCP
-__device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }
-__device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
-#else
+// The reciprocals of values the step makes (a staged group's step and its inverse, the softmax's
+// denominator, SwiGLU's sigmoid) by the fast forms (within a few ulp), without the IEEE forms'
+// range checks and branches, which cost the hops' chains more than their few ulp are worth
+// (NOTES 153). CS_IEEE_RCP, a measurement build: the IEEE forms.
+#ifdef CS_IEEE_RCP
 __device__ __forceinline__ float cs_rcp(float d) { return 1.0f / d; }
 __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
-#endif
-#ifdef CS_CLS_TAIL
-constexpr bool kCsClsTail = true;
 #else
-constexpr bool kCsClsTail = false;
+__device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }   // (d below 2^126)
+__device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
 #endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
@@ -420,7 +415,26 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 // 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
 // group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm). Ends
 // with the consumers' barrier (kBlock: the block's, all kWarps of it).
-template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4>
+// The norm's inverse RMS from the staged groups' sums of squares (ss_out, K elements).
+__device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float eps) {
+    float ss = 0.0f;
+    for (int g = 0; g < (K + kCsGroup - 1) / kCsGroup; g++) ss += ss_out[g];
+#ifdef CS_FAST_RMS
+    // (a measurement build, NOTES 128-129: the norm's scale by the fast division and reciprocal
+    // square root, a few ulp from the IEEE form, without that form's slow paths and their branches)
+    return rsqrtf(__fdividef(ss, (float)K) + eps);
+#else
+    return inv_rms_of(ss, K, eps);
+#endif
+}
+// CS_LATE_RMS (a measurement build): a linear hop takes the norm's scale after its warp's first
+// batch of products, not before its rows (kScale false: cs_stage_digits returns 1).
+#ifdef CS_LATE_RMS
+constexpr bool kCsLateRms = true;
+#else
+constexpr bool kCsLateRms = false;
+#endif
+template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4, bool kScale = true>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
@@ -446,16 +460,8 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     }
     if (kBlock) __syncthreads();
     else cs_consumers_sync();
-    if (!gamma) return 1.0f;
-    float ss = 0.0f;
-    for (int g = 0; g < G; g++) ss += ss_out[g];
-#ifdef CS_FAST_RMS
-    // (a measurement build, NOTES 128-129: the norm's scale by the fast division and reciprocal
-    // square root, a few ulp from the IEEE form, without that form's slow paths and their branches)
-    return rsqrtf(__fdividef(ss, (float)K) + eps);
-#else
-    return inv_rms_of(ss, K, eps);
-#endif
+    if (!gamma || !kScale) return 1.0f;
+    return cs_norm_scale(ss_out, K, eps);
 }
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
@@ -667,7 +673,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         if (pass == 0) ring.tick(14);
     }
 #else
-    inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+    inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, !kCsLateRms>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
@@ -686,6 +692,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
+            if (kCsLateRms && batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
@@ -1021,7 +1028,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-    CsLaneXOf<kCsFewChunks, kCsClsTail> lx;
+    CsLaneXOf<kCsFewChunks> lx;
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
