@@ -61,9 +61,9 @@ constexpr bool kCsTailWide = false;
 constexpr bool kCsTailWide = true;
 #endif
 // The reciprocals of values the step makes (a staged group's step and its inverse, the softmax's
-// denominator, SwiGLU's sigmoid) by the fast forms (within a few ulp), without the IEEE forms'
-// range checks and branches, which cost the hops' chains more than their few ulp are worth
-// (NOTES 153). CS_IEEE_RCP, a measurement build: the IEEE forms.
+// denominator, SwiGLU's sigmoid, the norm's scale: cs_norm_scale) by the fast forms (within a few
+// ulp), without the IEEE forms' range checks and branches, which cost the hops' chains more than
+// their few ulp are worth (NOTES 153, 154). CS_IEEE_RCP, a measurement build: the IEEE forms.
 #ifdef CS_IEEE_RCP
 __device__ __forceinline__ float cs_rcp(float d) { return 1.0f / d; }
 __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
@@ -413,27 +413,20 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
 // 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
-// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm). Ends
-// with the consumers' barrier (kBlock: the block's, all kWarps of it).
-// The norm's inverse RMS from the staged groups' sums of squares (ss_out, K elements).
+// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm or
+// kScale). Ends with the consumers' barrier (kBlock: the block's, all kWarps of it).
+// The norm's inverse RMS from the staged groups' sums of squares (ss_out, K elements). A linear
+// hop takes it after its warp's first batch of products, off the chain before its rows (NOTES
+// 154); the classifier in cs_stage_digits (kScale).
 __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float eps) {
     float ss = 0.0f;
     for (int g = 0; g < (K + kCsGroup - 1) / kCsGroup; g++) ss += ss_out[g];
-#ifdef CS_FAST_RMS
-    // (a measurement build, NOTES 128-129: the norm's scale by the fast division and reciprocal
-    // square root, a few ulp from the IEEE form, without that form's slow paths and their branches)
-    return rsqrtf(__fdividef(ss, (float)K) + eps);
-#else
+#ifdef CS_IEEE_RCP
     return inv_rms_of(ss, K, eps);
+#else
+    return rsqrtf(__fdividef(ss, (float)K) + eps);
 #endif
 }
-// CS_LATE_RMS (a measurement build): a linear hop takes the norm's scale after its warp's first
-// batch of products, not before its rows (kScale false: cs_stage_digits returns 1).
-#ifdef CS_LATE_RMS
-constexpr bool kCsLateRms = true;
-#else
-constexpr bool kCsLateRms = false;
-#endif
 template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4, bool kScale = true>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
@@ -669,11 +662,11 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     ring.tick(13);
 #pragma unroll 1
     for (int pass = 0; pass < 2; pass++) {
-        inv_rms = cs_stage_digits<false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+        inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
         if (pass == 0) ring.tick(14);
     }
 #else
-    inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, !kCsLateRms>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+    inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
@@ -692,7 +685,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
-            if (kCsLateRms && batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
+            if (batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
