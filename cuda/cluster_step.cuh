@@ -108,6 +108,7 @@ struct CsParams {
     // small_div_inverse of per, kv_group and hs / 4: the step's divisors' reciprocals from the host,
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
+    float hs_inv;   // CS_EPI_RECIP (a measurement build: QKV's epilogue's pair of a head by it): small_div_inverse(hs)
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -588,7 +589,11 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
     const int lane = threadIdx.x % 32;
     float out = v;
     if (row < p.q_dim + p.kvd) {   // RoPE: pair (2i, 2i + 1) of each head turns by pos * freq[i]
+#ifdef CS_EPI_RECIP
+        const int e = row < p.q_dim ? row : row - p.q_dim, i = (e - p.hs * SmallDiv(p.hs_inv)(e)) / 2;   // (e below 2^12)
+#else
         const int i = (row < p.q_dim ? row : row - p.q_dim) % p.hs / 2;
+#endif
         const float cs = s->rope_cos[i], sn = s->rope_sin[i];
         out = (row & 1) ? other * sn + v * cs : v * cs - other * sn;
     }
@@ -1355,6 +1360,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     const Mat *emb = st[0].embedding;
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
     p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
+    p.hs_inv = small_div_inverse(p.hs);
     p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
     const int layers = p.n_hops / 5;
     // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
