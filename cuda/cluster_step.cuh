@@ -108,7 +108,7 @@ struct CsParams {
     // small_div_inverse of per, kv_group and hs / 4: the step's divisors' reciprocals from the host,
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
-    float hs_inv;   // CS_EPI_RECIP (a measurement build: QKV's epilogue's pair of a head by it): small_div_inverse(hs)
+    float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -589,11 +589,7 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
     const int lane = threadIdx.x % 32;
     float out = v;
     if (row < p.q_dim + p.kvd) {   // RoPE: pair (2i, 2i + 1) of each head turns by pos * freq[i]
-#ifdef CS_EPI_RECIP
         const int e = row < p.q_dim ? row : row - p.q_dim, i = (e - p.hs * SmallDiv(p.hs_inv)(e)) / 2;   // (e below 2^12)
-#else
-        const int i = (row < p.q_dim ? row : row - p.q_dim) % p.hs / 2;
-#endif
         const float cs = s->rope_cos[i], sn = s->rope_sin[i];
         out = (row & 1) ? other * sn + v * cs : v * cs - other * sn;
     }
