@@ -3,7 +3,7 @@
 //   GpuCtx, GpuGraph                                      the context: stream, cuBLAS, scratch, inputs
 //   sm90a_available                                       whether the sm_90a kernels can run
 //   warp_sum, warp_max, block_reduce                      reductions
-//   SmallDiv                                              c / d for small c and d without a division
+//   SmallDiv, small_div_inverse                           c / d for small c and d without a division
 //   pdl_wait, pdl_release                                 programmatic dependent launch
 //   prefetch_l2, load_stream, int8x4_to_float             weight streaming and int8 conversion
 //   cp_async_*, mbar_*, bulk_copy                         asynchronous copies into shared memory
