@@ -68,7 +68,7 @@ constexpr bool kCsTailWide = true;
 __device__ __forceinline__ float cs_rcp(float d) { return 1.0f / d; }
 __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
 #else
-__device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }   // (d below 2^126)
+__device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }   // (d past 2^126: 0, the sigmoid's limit)
 __device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
 #endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
@@ -412,10 +412,6 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
     }
 }
 
-// x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
-// 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
-// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm or
-// kScale). Ends with the consumers' barrier (kBlock: the block's, all kWarps of it).
 // The norm's inverse RMS from the staged groups' sums of squares (ss_out, K elements). A linear
 // hop takes it after its warp's first batch of products, off the chain before its rows (NOTES
 // 154); the classifier in cs_stage_digits (kScale).
@@ -428,6 +424,11 @@ __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float
     return rsqrtf(__fdividef(ss, (float)K) + eps);
 #endif
 }
+
+// x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
+// 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
+// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm or
+// kScale). Ends with the consumers' barrier (kBlock: the block's, all kWarps of it).
 template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4, bool kScale = true>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
                                  float eps) {
