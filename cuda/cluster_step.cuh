@@ -109,6 +109,7 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
+    float emb_gs_inv;   // CS_EMB_BATCH (a measurement build): small_div_inverse(emb_gs)
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -417,7 +418,15 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 // 154); the classifier in cs_stage_digits (kScale).
 __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float eps) {
     float ss = 0.0f;
+#ifdef CS_NORM_UNROLL
+    // (a measurement build: every group's sum asked for at once, the loop over the most groups an x
+    // holds; the same sum, in the same order, bit for bit: the groups past K add +0)
+    const int G = (K + kCsGroup - 1) / kCsGroup;
+#pragma unroll
+    for (int g = 0; g < kCsMaxX / kCsGroup; g++) ss += g < G ? ss_out[g] : 0.0f;
+#else
     for (int g = 0; g < (K + kCsGroup - 1) / kCsGroup; g++) ss += ss_out[g];
+#endif
 #ifdef CS_IEEE_RCP
     return inv_rms_of(ss, K, eps);
 #else
@@ -888,8 +897,33 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
 __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     const int pos = __ldcg(p.inputs), token = min(max(__ldcg(p.inputs + 1), 0), p.vocab - 1);   // (ids checked by the host)
     const size_t row = (size_t)token * p.emb_stride;
+#ifdef CS_EMB_BATCH
+    // (a measurement build: a thread's elements of the row, up to kCsMaxDim / kCsConsumers, all
+    // asked for before the first is used, where the loop below waits for each in turn: straight
+    // code, the indices past the row clamped to its last element and those stores dropped; the
+    // group's index by the host's reciprocal, not an integer division)
+    constexpr int kEach = kCsMaxDim / kCsConsumers;
+    float e[kEach];
+    if (p.emb_f) {
+#pragma unroll
+        for (int j = 0; j < kEach; j++) e[j] = __ldg(p.emb_f + row + min((int)threadIdx.x + j * kCsConsumers, p.dim - 1));
+    } else {
+        int8_t q[kEach];
+#pragma unroll
+        for (int j = 0; j < kEach; j++) {
+            const int i = min((int)threadIdx.x + j * kCsConsumers, p.dim - 1);
+            q[j] = __ldg(p.emb_q + row + i), e[j] = __ldg(p.emb_s + (size_t)token * p.emb_groups + SmallDiv(p.emb_gs_inv)(i));
+        }
+#pragma unroll
+        for (int j = 0; j < kEach; j++) e[j] *= q[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kEach; j++)
+        if (threadIdx.x + j * kCsConsumers < p.dim) s->res[threadIdx.x + j * kCsConsumers] = e[j];
+#else
     for (int i = threadIdx.x; i < p.dim; i += kCsConsumers)
         s->res[i] = p.emb_f ? __ldg(p.emb_f + row + i) : __ldg(p.emb_q + row + i) * __ldg(p.emb_s + (size_t)token * p.emb_groups + i / p.emb_gs);
+#endif
     for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) sincosf(pos * __ldg(p.rope_freq + i), &s->rope_sin[i], &s->rope_cos[i]);
     if (threadIdx.x == 0) s->pos = pos;
     cs_consumers_sync();
@@ -1357,7 +1391,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     const Mat *emb = st[0].embedding;
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
     p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
-    p.hs_inv = small_div_inverse(p.hs);
+    p.hs_inv = small_div_inverse(p.hs), p.emb_gs_inv = small_div_inverse(p.emb_gs);
     p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
     const int layers = p.n_hops / 5;
     // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
