@@ -117,7 +117,8 @@ struct CsClsParams {
     const unsigned char *w;    // the classifier's records
     const float *gamma, *x;    // the final norm's weights; x: CsParams::out
     float *logits;
-    unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps)
+    unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps);
+                               // CS_FEED_SLOTS: [2 + b] block b's key
     int *inputs, *argmax;      // fed as argmax_kernel feeds them
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
@@ -1024,6 +1025,42 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
+#ifdef CS_FEED_SLOTS
+// (a measurement build: each block stores its key in its own slot and counts itself done, and the
+// last block's threads read the slots at once and take their maximum. Its chain to the token:
+// the slot's store, a fence and the count, then one read of the slots, where cs_feed_if_last's
+// is the maximum's atomic, a fence, the count, a fence, the exchange and the position's read,
+// each a round trip to L2. The position is read first, off that chain: the step before's
+// classifier wrote it, and has finished.)
+__device__ void cs_feed_slots(const CsClsParams &c, unsigned long long best) {
+    __shared__ int last;
+    __shared__ unsigned long long warp_best[kCsClsWarps];
+    int pos = 0;
+    if (threadIdx.x == 0) {
+        pos = __ldcg(c.inputs);
+        c.best[2 + blockIdx.x] = best;
+        __threadfence();
+        last = atomicAdd(c.best + 1, 1ull) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    unsigned long long b = 0;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) b = max(b, __ldcg(c.best + 2 + i));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) b = max(b, __shfl_xor_sync(~0u, b, o));
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = b;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < kCsClsWarps; w++) b = max(b, warp_best[w]);
+    const int token = cs_token_of(b);
+    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
+    *c.argmax = token;
+    feed_step_token(c.inputs, c.step_tokens, pos, token);
+    if (c.trace) cs_stamp(c.trace, 1);
+}
+#endif
+
 // CS_TRACE: block 0's thread 0 stamps the classifier's phase k (kCsClsPhases).
 __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
 #ifdef CS_TRACE
@@ -1086,7 +1123,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+#ifdef CS_FEED_SLOTS
+    cs_feed_slots(c, best);
+#else
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
+#endif
 }
 
 // Records of rows from up to three matrices (one after another, or w1's and w3's alternating):
@@ -1405,8 +1446,8 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
+    CUDA_CHECK(cudaMalloc(&c->best, (2 + c->cls_blocks) * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, (2 + c->cls_blocks) * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
