@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) stage_kernel(int K, int rounds,
         if (kMode >= 1) acc += cs_stage_digits<false>(digits, u, ss, x[r & 1], K, kMode >= 2 ? gamma : nullptr, 1e-5f);
         if (kMode >= 3) {
             CsLaneXOf<kCsChunks> lx;
-            lx.load(digits, u, K, 8);
+            lx.load(digits, u, K, SmallDiv(small_div_inverse(8)));
             uint32_t bits = 0;   // every value loaded is used, so that none of the loads is left out
 #pragma unroll
             for (int j = 0; j < kCsChunks; j++) {

@@ -88,7 +88,7 @@ struct CsHop {
     const float *gamma;   // the norm's weights (K), or null
 };
 
-static_assert(sizeof(CsHop) == 64, "a hop's fields: the layers' shared memory holds 150 of them");
+static_assert(sizeof(CsHop) == 64, "a hop's fields: the layers' shared memory holds kCsMaxHops of them");
 struct CsParams {
     int n_hops, cluster, dim, q_dim, kvd, n_heads, n_kv_heads, hs, seq, vocab;
     int per;   // a slot's rows of a head's keys (or values)
@@ -1041,10 +1041,10 @@ __device__ void cs_feed_slots(const CsClsParams &c, unsigned long long best) {
         c.best[2 + blockIdx.x] = best;
         __threadfence();
         last = atomicAdd(c.best + 1, 1ull) == gridDim.x - 1;
+        if (last) __threadfence();   // the other blocks' slots, before the block's reads (after the barrier)
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
     unsigned long long b = 0;
     for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) b = max(b, __ldcg(c.best + 2 + i));
 #pragma unroll

@@ -116,7 +116,7 @@ struct SmallDiv {
     __device__ explicit SmallDiv(float inv_d) : inv(inv_d) {}   // inv_d: small_div_inverse(d)
     __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
 };
-static inline float small_div_inverse(int d) { return 1.0f / (float)d; }
+static __host__ __device__ inline float small_div_inverse(int d) { return 1.0f / (float)d; }
 
 // 1 / rms of n values whose squares sum to sumsq, eps added to the mean square: rmsnorm_kernel's
 // factor (and the CPU's).
