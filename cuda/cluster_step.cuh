@@ -1013,16 +1013,20 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
 // The classifier on the SMs the layers leave: a block's rows copied in while the layers run
 // (those past kCsPreload read from global memory), then the final norm, the logits and the
 // block's argmax into the step's key; the last block out takes the token and feeds it.
+// The step's token, by the last block out: the count cleared, the token fed.
+__device__ __forceinline__ void cs_feed_token(const CsClsParams &c, int pos, int token) {
+    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
+    *c.argmax = token;
+    feed_step_token(c.inputs, c.step_tokens, pos, token);
+    if (c.trace) cs_stamp(c.trace, 1);
+}
 __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (best) atomicMax(c.best, best);
     __threadfence();
     if (atomicAdd(c.best + 1, 1ull) != gridDim.x - 1) return;
     __threadfence();
     const int token = cs_token_of(atomicExch(c.best, 0ull)), pos = __ldcg(c.inputs);
-    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
-    *c.argmax = token;
-    feed_step_token(c.inputs, c.step_tokens, pos, token);
-    if (c.trace) cs_stamp(c.trace, 1);
+    cs_feed_token(c, pos, token);
 }
 
 #ifdef CS_FEED_SLOTS
@@ -1053,11 +1057,7 @@ __device__ void cs_feed_slots(const CsClsParams &c, unsigned long long best) {
     __syncthreads();
     if (threadIdx.x != 0) return;
     for (int w = 1; w < kCsClsWarps; w++) b = max(b, warp_best[w]);
-    const int token = cs_token_of(b);
-    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
-    *c.argmax = token;
-    feed_step_token(c.inputs, c.step_tokens, pos, token);
-    if (c.trace) cs_stamp(c.trace, 1);
+    cs_feed_token(c, pos, cs_token_of(b));
 }
 #endif
 

@@ -2195,26 +2195,22 @@ static void test_gpu_random_models(void) {
         snprintf(label, sizeof label, "random model head size %d int8 gs32", odd_heads[i].dim / odd_heads[i].n_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
-    // hidden widths of 700 and 1,100: the cluster step's kernels for x up to 1,024 wide and past
-    // it, with two and three 16-column chunks a lane (w2's last chunk a lane in part; groups of 32
-    // that do not divide w2's x), grouped-query ratio 5
-    const int hiddens[] = {700, 1100};
-    for (size_t i = 0; i < sizeof hiddens / sizeof hiddens[0]; i++) {
+    // wide hidden layers for the cluster step's two forms of the layers' kernel, two and three
+    // 16-column chunks a lane (groups of 32 that do not divide x):
+    // - hidden 700 and 1,100 (dim 320, grouped-query ratio 5): x up to 1,024 wide and past it, w2's
+    //   last chunk a lane in part;
+    // - the three-chunk form's tail items (chunks past its last full pass over the lanes, 1 to 4 of
+    //   them, as (row, chunk) items): dim 560 (35 chunks: 3 past the pass) with hidden 1,048 (66:
+    //   2, the last one half past K), heads of 80 on one kv head; dim 64 (4 chunks, every one an
+    //   item) with hidden 1,040 (65: 1)
+    const Config wide[] = {LLAMA2C_CONFIG(320, 700, 2, 5, 1, 97, 80), LLAMA2C_CONFIG(320, 1100, 2, 5, 1, 97, 80),
+                           LLAMA2C_CONFIG(560, 1048, 2, 7, 1, 97, 80), LLAMA2C_CONFIG(64, 1040, 2, 4, 2, 97, 80)};
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
         char label[96], *fp32 = tpath("w32.bin"), *q8 = tpath("w8.bin");
-        const Config c = LLAMA2C_CONFIG(320, hiddens[i], 2, 5, 1, 97, 80);
-        random_model_files(c, 0, 32, 0, fp32, q8, NULL);
-        snprintf(label, sizeof label, "random model hidden %d, gqa ratio 5 int8 gs32", hiddens[i]);
-        compare_executors(label, q8, 70, 7, 0);
-    }
-    // the three-chunk form's tail items (chunks past its last full pass over the lanes, 1 to 4 of
-    // them, as (row, chunk) items): dim 560 (35 chunks: 3 past the pass) with hidden 1,048 (66: 2,
-    // the last one half past K), heads of 80 on one kv head; dim 64 (4 chunks, every one an item)
-    // with hidden 1,040 (65: 1)
-    const Config tails[] = {LLAMA2C_CONFIG(560, 1048, 2, 7, 1, 97, 80), LLAMA2C_CONFIG(64, 1040, 2, 4, 2, 97, 80)};
-    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
-        char label[96], *fp32 = tpath("t32.bin"), *q8 = tpath("t8.bin");
-        random_model_files(tails[i], 0, 32, 0, fp32, q8, NULL);
-        snprintf(label, sizeof label, "random model dim %d, hidden %d int8 gs32", tails[i].dim, tails[i].hidden_dim);
+        const Config *c = &wide[i];
+        random_model_files(*c, 0, 32, 0, fp32, q8, NULL);
+        snprintf(label, sizeof label, "random model dim %d, hidden %d, gqa ratio %d int8 gs32", c->dim, c->hidden_dim,
+                 c->n_heads / c->n_kv_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
     // a vocabulary of 70,001: the megakernel's classifier in units of at most 256 rows, up to three
