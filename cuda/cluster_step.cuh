@@ -109,7 +109,6 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
-    float emb_gs_inv;   // CS_EMB_BATCH (a measurement build): small_div_inverse(emb_gs)
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -117,8 +116,7 @@ struct CsClsParams {
     const unsigned char *w;    // the classifier's records
     const float *gamma, *x;    // the final norm's weights; x: CsParams::out
     float *logits;
-    unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps);
-                               // CS_FEED_SLOTS: [2 + b] block b's key
+    unsigned long long *best;  // [0]: the step's argmax key, [1]: the blocks done (both 0 between steps)
     int *inputs, *argmax;      // fed as argmax_kernel feeds them
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
@@ -419,15 +417,7 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 // 154); the classifier in cs_stage_digits (kScale).
 __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float eps) {
     float ss = 0.0f;
-#ifdef CS_NORM_UNROLL
-    // (a measurement build: every group's sum asked for at once, the loop over the most groups an x
-    // holds; the same sum, in the same order, bit for bit: the groups past K add +0)
-    const int G = (K + kCsGroup - 1) / kCsGroup;
-#pragma unroll
-    for (int g = 0; g < kCsMaxX / kCsGroup; g++) ss += g < G ? ss_out[g] : 0.0f;
-#else
     for (int g = 0; g < (K + kCsGroup - 1) / kCsGroup; g++) ss += ss_out[g];
-#endif
 #ifdef CS_IEEE_RCP
     return inv_rms_of(ss, K, eps);
 #else
@@ -898,33 +888,8 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
 __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     const int pos = __ldcg(p.inputs), token = min(max(__ldcg(p.inputs + 1), 0), p.vocab - 1);   // (ids checked by the host)
     const size_t row = (size_t)token * p.emb_stride;
-#ifdef CS_EMB_BATCH
-    // (a measurement build: a thread's elements of the row, up to kCsMaxDim / kCsConsumers, all
-    // asked for before the first is used, where the loop below waits for each in turn: straight
-    // code, the indices past the row clamped to its last element and those stores dropped; the
-    // group's index by the host's reciprocal, not an integer division)
-    constexpr int kEach = kCsMaxDim / kCsConsumers;
-    float e[kEach];
-    if (p.emb_f) {
-#pragma unroll
-        for (int j = 0; j < kEach; j++) e[j] = __ldg(p.emb_f + row + min((int)threadIdx.x + j * kCsConsumers, p.dim - 1));
-    } else {
-        int8_t q[kEach];
-#pragma unroll
-        for (int j = 0; j < kEach; j++) {
-            const int i = min((int)threadIdx.x + j * kCsConsumers, p.dim - 1);
-            q[j] = __ldg(p.emb_q + row + i), e[j] = __ldg(p.emb_s + (size_t)token * p.emb_groups + SmallDiv(p.emb_gs_inv)(i));
-        }
-#pragma unroll
-        for (int j = 0; j < kEach; j++) e[j] *= q[j];
-    }
-#pragma unroll
-    for (int j = 0; j < kEach; j++)
-        if (threadIdx.x + j * kCsConsumers < p.dim) s->res[threadIdx.x + j * kCsConsumers] = e[j];
-#else
     for (int i = threadIdx.x; i < p.dim; i += kCsConsumers)
         s->res[i] = p.emb_f ? __ldg(p.emb_f + row + i) : __ldg(p.emb_q + row + i) * __ldg(p.emb_s + (size_t)token * p.emb_groups + i / p.emb_gs);
-#endif
     for (int i = threadIdx.x; i < p.hs / 2; i += kCsConsumers) sincosf(pos * __ldg(p.rope_freq + i), &s->rope_sin[i], &s->rope_cos[i]);
     if (threadIdx.x == 0) s->pos = pos;
     cs_consumers_sync();
@@ -1013,53 +978,17 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
 // The classifier on the SMs the layers leave: a block's rows copied in while the layers run
 // (those past kCsPreload read from global memory), then the final norm, the logits and the
 // block's argmax into the step's key; the last block out takes the token and feeds it.
-// The step's token, by the last block out: the count cleared, the token fed.
-__device__ __forceinline__ void cs_feed_token(const CsClsParams &c, int pos, int token) {
-    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
-    *c.argmax = token;
-    feed_step_token(c.inputs, c.step_tokens, pos, token);
-    if (c.trace) cs_stamp(c.trace, 1);
-}
 __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (best) atomicMax(c.best, best);
     __threadfence();
     if (atomicAdd(c.best + 1, 1ull) != gridDim.x - 1) return;
     __threadfence();
     const int token = cs_token_of(atomicExch(c.best, 0ull)), pos = __ldcg(c.inputs);
-    cs_feed_token(c, pos, token);
+    c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
+    *c.argmax = token;
+    feed_step_token(c.inputs, c.step_tokens, pos, token);
+    if (c.trace) cs_stamp(c.trace, 1);
 }
-
-#ifdef CS_FEED_SLOTS
-// (a measurement build: each block stores its key in its own slot and counts itself done, and the
-// last block's threads read the slots at once and take their maximum. Its chain to the token:
-// the slot's store, a fence and the count, then one read of the slots, where cs_feed_if_last's
-// is the maximum's atomic, a fence, the count, a fence, the exchange and the position's read,
-// each a round trip to L2. The position is read first, off that chain: the step before's
-// classifier wrote it, and has finished.)
-__device__ void cs_feed_slots(const CsClsParams &c, unsigned long long best) {
-    __shared__ int last;
-    __shared__ unsigned long long warp_best[kCsClsWarps];
-    int pos = 0;
-    if (threadIdx.x == 0) {
-        pos = __ldcg(c.inputs);
-        c.best[2 + blockIdx.x] = best;
-        __threadfence();
-        last = atomicAdd(c.best + 1, 1ull) == gridDim.x - 1;
-        if (last) __threadfence();   // the other blocks' slots, before the block's reads (after the barrier)
-    }
-    __syncthreads();
-    if (!last) return;
-    unsigned long long b = 0;
-    for (int i = threadIdx.x; i < (int)gridDim.x; i += blockDim.x) b = max(b, __ldcg(c.best + 2 + i));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) b = max(b, __shfl_xor_sync(~0u, b, o));
-    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = b;
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    for (int w = 1; w < kCsClsWarps; w++) b = max(b, warp_best[w]);
-    cs_feed_token(c, pos, cs_token_of(b));
-}
-#endif
 
 // CS_TRACE: block 0's thread 0 stamps the classifier's phase k (kCsClsPhases).
 __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
@@ -1123,11 +1052,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
-#ifdef CS_FEED_SLOTS
-    cs_feed_slots(c, best);
-#else
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
-#endif
 }
 
 // Records of rows from up to three matrices (one after another, or w1's and w3's alternating):
@@ -1432,7 +1357,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     const Mat *emb = st[0].embedding;
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
     p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
-    p.hs_inv = small_div_inverse(p.hs), p.emb_gs_inv = small_div_inverse(p.emb_gs);
+    p.hs_inv = small_div_inverse(p.hs);
     p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
     const int layers = p.n_hops / 5;
     // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
@@ -1446,8 +1371,8 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    CUDA_CHECK(cudaMalloc(&c->best, (2 + c->cls_blocks) * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, (2 + c->cls_blocks) * sizeof(unsigned long long), g->stream));
+    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
