@@ -562,8 +562,8 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         if (r >= n) acc[r] = 0.0f;
 }
 
-#if defined(CS_IMMA8) || defined(CS_CLS_IMMA8)
-// (CS_IMMA8, CS_CLS_IMMA8: measurement builds) A batch of up to 8 rows' products on the tensor cores,
+#ifdef CS_CLS_IMMA8
+// (CS_CLS_IMMA8: a measurement build) A batch of up to 8 rows' products on the tensor cores,
 // where the weights' groups are whole multiples of x's 128 (group_chunks a multiple of 8): each of
 // x's groups is 4 MMAs (m16n8k32, int8), the batch's rows A's rows 0-7 (8-15 zero), x's three
 // digit planes B's columns 0-2, each lane's 32 columns of the group (32c .. 32c + 31, lane 4g + c)
@@ -716,10 +716,8 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
+#ifndef CS_GAMMA_LATE
     if (h.gamma) ring.release(0);
-#ifdef CS_IMMA8
-    const bool imma = h.group_chunks % 8 == 0;   // (else the dp4a rows)
-    if (!imma)
 #endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
@@ -733,21 +731,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
-#ifdef CS_IMMA8
-            float sum;   // row lane / 4's
-            if (imma) {
-                sum = cs_rows8_imma(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, s->digits, s->u, SmallDiv(h.group_inv));
-            } else {
-                float acc[8];
-                cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-                sum = cs_sum8(acc);
-            }
-            if (batch == 0) ring.tick(5);
-            if (batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
-            const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
-            const bool valid = b + r < in_piece;
-            float v = sum * inv_rms;
-#else
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
@@ -755,7 +738,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
-#endif
             if (batch == 0) ring.tick(6);
             if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
             const float other = __shfl_xor_sync(~0u, v, 4);   // the pair's other row (rows 8-aligned)
@@ -769,9 +751,18 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (batch < 3) ring.tick(14 + 2 * batch);
             batch++;
         }
+#ifdef CS_GAMMA_LATE
+        // (a measurement build: the norm's weights' slot released after the warp's first piece,
+        // where the default releases it before the lanes' digits: every consumer thread's arrival
+        // on one barrier, taken off the hop's front; no later piece waits for that slot)
+        if (r0 == 0 && h.gamma) ring.release(0);
+#endif
         __syncwarp();
         ring.release(piece);
     }
+#ifdef CS_GAMMA_LATE
+    if (mine == 0 && h.gamma) ring.release(0);   // (a block with no rows of this hop; idle ranks returned above)
+#endif
     return piece;
 }
 
@@ -807,10 +798,18 @@ __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
         a = fmaf(qv.x, kv.x, a), b = fmaf(qv.y, kv.y, b), a = fmaf(qv.z, kv.z, a), b = fmaf(qv.w, kv.w, b);
     };
+#ifdef CS_KEY_WRAP
+    // (a measurement build: the same units in the same order, in one loop whose length is the
+    // warp's lanes' alike, where the two loops below run as long as their longest lane: up to
+    // 2n - 1 units and two remainders a warp)
+#pragma unroll 4
+    for (int i = 0, u = first; i < n; i++, u = u + 1 == n ? 0 : u + 1) unit(u);
+#else
 #pragma unroll 4
     for (int u = first; u < n; u++) unit(u);
 #pragma unroll 4
     for (int u = 0; u < first; u++) unit(u);
+#endif
     return a + b;
 }
 // The rows a key row's first bank repeats after, as a shift: kBanks / gcd(hs / 4, kBanks) rows.
