@@ -562,51 +562,6 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
         if (r >= n) acc[r] = 0.0f;
 }
 
-#ifdef CS_CLS_IMMA8
-// (CS_CLS_IMMA8: a measurement build) A batch of up to 8 rows' products on the tensor cores,
-// where the weights' groups are whole multiples of x's 128 (group_chunks a multiple of 8): each of
-// x's groups is 4 MMAs (m16n8k32, int8), the batch's rows A's rows 0-7 (8-15 zero), x's three
-// digit planes B's columns 0-2, each lane's 32 columns of the group (32c .. 32c + 31, lane 4g + c)
-// its A and B fragments' bytes in a permutation of the group's columns that A and B share (step s:
-// bytes 8s .. 8s + 7 of each lane's 32). A group's int32 sums are exact; lane (g, 0) holds row g's
-// planes 0 and 1, lane (g, 1) its plane 2 (its plane 3 and lanes 2-3 weigh 0). Returns row
-// lane / 4's sum to lanes 4r .. 4r + 3, as cs_sum8 does. Columns past K have zero digits (the
-// staging's), so the weights' bytes read there (any of the row's) add 0.
-__device__ __forceinline__ void cs_imma(int d[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-template <int kWords>
-__device__ __forceinline__ float cs_rows8_imma(const unsigned char *first, int rec, int n, int K, const uint32_t (*digits)[kWords],
-                                               const float *u, SmallDiv scale_group) {
-    const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-    const int scales_at = (K + 15) & ~15, G = (K + kCsGroup - 1) / kCsGroup;
-    const unsigned char *row = first + (size_t)min(g, n - 1) * rec;
-    const float *scale = reinterpret_cast<const float *>(row + scales_at);
-    const uint32_t *dig = digits[g < 3 ? g : 0] + 8 * c;   // (lanes g >= 3: B's columns 3-7, weighed 0)
-    const float f0 = c == 0 ? 1.0f : c == 1 ? 1.0f / (254.0f * 254.0f) : 0.0f, f1 = c == 0 ? 1.0f / 254.0f : 0.0f;
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int grp = 0; grp < G; grp++) {
-        const int o = grp * kCsGroup + 32 * c;
-        const uint4 w0 = *reinterpret_cast<const uint4 *>(row + (o < scales_at ? o : 0));
-        const uint4 w1 = *reinterpret_cast<const uint4 *>(row + (o + 16 < scales_at ? o + 16 : 0));
-        const uint4 x0 = *reinterpret_cast<const uint4 *>(dig + 32 * grp), x1 = *reinterpret_cast<const uint4 *>(dig + 32 * grp + 4);
-        int d[4] = {0, 0, 0, 0}, e[4] = {0, 0, 0, 0};
-        cs_imma(d, w0.x, w0.y, x0.x, x0.y);
-        cs_imma(e, w0.z, w0.w, x0.z, x0.w);
-        cs_imma(d, w1.x, w1.y, x1.x, x1.y);
-        cs_imma(e, w1.z, w1.w, x1.z, x1.w);
-        const float v = fmaf((float)(d[1] + e[1]), f1, (float)(d[0] + e[0]) * f0);
-        acc = fmaf(scale[scale_group(8 * grp)] * u[grp], v, acc);
-    }
-    acc += __shfl_xor_sync(~0u, acc, 1);
-    acc += __shfl_xor_sync(~0u, acc, 2);
-    return g < n ? acc : 0.0f;
-}
-#endif
-
 // Sums acc[r] over the warp's lanes for 8 rows at once: on return lanes 4r..4r+3 hold row r's.
 __device__ __forceinline__ float cs_sum8(const float acc[8]) {
     const int lane = threadIdx.x % 32;
@@ -716,9 +671,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
-#ifndef CS_GAMMA_LATE
     if (h.gamma) ring.release(0);
-#endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
@@ -751,18 +704,9 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (batch < 3) ring.tick(14 + 2 * batch);
             batch++;
         }
-#ifdef CS_GAMMA_LATE
-        // (a measurement build: the norm's weights' slot released after the warp's first piece,
-        // where the default releases it before the lanes' digits: every consumer thread's arrival
-        // on one barrier, taken off the hop's front; no later piece waits for that slot)
-        if (r0 == 0 && h.gamma) ring.release(0);
-#endif
         __syncwarp();
         ring.release(piece);
     }
-#ifdef CS_GAMMA_LATE
-    if (mine == 0 && h.gamma) ring.release(0);   // (a block with no rows of this hop; idle ranks returned above)
-#endif
     return piece;
 }
 
@@ -788,8 +732,9 @@ __device__ __forceinline__ float2 cs_load2(const float *v) { return *reinterpret
 // q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from unit `first`
 // on (cs_key_first): a warp's lanes take consecutive rows, and rows whose first units would share a
 // bank (every kBanks / gcd(hs / 4, kBanks)-th, kBanks the units a wavefront of 128 bytes holds)
-// start at different units. Two sums, so that the loads of the unrolled loops run ahead of one
-// chain of adds.
+// start at different units, wrapping round to unit 0: one loop whose length is the same in every
+// lane (two loops, from first and then to it, ran as long as their longest lanes: NOTES 160). Two
+// sums, so that the loads of the unrolled loop run ahead of one chain of adds.
 template <typename KV>
 __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs, int first) {
     const int n = hs / 4;
@@ -798,18 +743,8 @@ __device__ __forceinline__ float cs_dot_key4(const float *q, const KV *k, int hs
         const float4 qv = *reinterpret_cast<const float4 *>(q + 4 * u), kv = cs_load4(k + 4 * u);
         a = fmaf(qv.x, kv.x, a), b = fmaf(qv.y, kv.y, b), a = fmaf(qv.z, kv.z, a), b = fmaf(qv.w, kv.w, b);
     };
-#ifdef CS_KEY_WRAP
-    // (a measurement build: the same units in the same order, in one loop whose length is the
-    // warp's lanes' alike, where the two loops below run as long as their longest lane: up to
-    // 2n - 1 units and two remainders a warp)
 #pragma unroll 4
     for (int i = 0, u = first; i < n; i++, u = u + 1 == n ? 0 : u + 1) unit(u);
-#else
-#pragma unroll 4
-    for (int u = first; u < n; u++) unit(u);
-#pragma unroll 4
-    for (int u = 0; u < first; u++) unit(u);
-#endif
     return a + b;
 }
 // The rows a key row's first bank repeats after, as a shift: kBanks / gcd(hs / 4, kBanks) rows.
@@ -1088,27 +1023,14 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneXOf<kCsFewChunks> lx;
-#ifdef CS_CLS_IMMA8
-    const bool imma = c.group_chunks % 8 == 0;   // (else the dp4a rows)
-    if (!imma)
-#endif
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
-        float sum;   // row b + lane / 4's
-#ifdef CS_CLS_IMMA8
-        if (imma) {
-            sum = cs_rows8_imma(first, c.rec, min(8, mine - b), c.dim, s->digits, s->u, SmallDiv(c.group_inv));
-        } else
-#endif
-        {
-            float acc[8];
-            cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
-            sum = cs_sum8(acc);
-        }
-        const float v = sum * inv_rms;
+        float acc[8];
+        cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
+        const float v = cs_sum8(acc) * inv_rms;
         const int row = b + lane / 4;
         if (lane % 4 == 0 && row < mine) {
             c.logits[row0 + row] = v;
