@@ -403,11 +403,14 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
 }
 
 // r (|r| <= 127.5) as three int8 digits, r ~ d0 + d1 / 254 + d2 / 254^2, into byte `byte` of d[0..2].
+// Each plane's r is clamped to +-127 and then rounded by adds (kRoundMagic: no conversion
+// instructions, whose rate bound the staging: NOTES 163); the digit is the rounded sum's low
+// byte. (Clamped before the rounding: the same digit as clamping the rounded r, NaN included.)
 __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) {
 #pragma unroll
     for (int pl = 0; pl < 3; pl++) {
-        const float q = fminf(fmaxf(rintf(r), -127.0f), 127.0f);
-        d[pl] |= (uint32_t)((int)q & 0xff) << (8 * byte);
+        const float t = __fadd_rn(fminf(fmaxf(r, -127.0f), 127.0f), kRoundMagic), q = __fsub_rn(t, kRoundMagic);
+        d[pl] |= (__float_as_uint(t) & 0xff) << (8 * byte);
         r = (r - q) * 254.0f;
     }
 }
@@ -779,48 +782,19 @@ __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int
 // The attention of the block's heads at the step's position P, in warp slices (see above): q, k
 // and v of the step in x, the earlier rows of the head's kv head from the ring (kp pieces of its
 // key rows, then kp of its value rows). Returns the pieces it took.
-#ifdef CS_ATTN_PLAN
-// (a measurement build) What every attention hop of a step takes from the step's position and the
-// thread's place alone, made once a step before the first hop, where the default makes it in each
-// attention hop after its input's wait, on the hop's front.
-struct CsAttnPlan {
-    int P, kp;       // the step's position; the pieces of a head's key (or value) rows
-    int t0, t1;      // the warp's positions [t0, t1)
-    int first;       // the lane's key rows' first unit (cs_key_first)
-    int kvh;         // the kv head of the block's first head
-};
-__device__ __forceinline__ CsAttnPlan cs_attn_plan(const CsParams &p, const CsSmem *s, int rank) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos;
-    const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1);
-    return {P, SmallDiv(p.per_inv)(P + p.per - 1), t0, min(t0 + slice, P + 1), cs_key_first(p, lane), SmallDiv(p.kv_group_inv)(rank)};
-}
-#define CS_ATTN_PLAN_PARAM , const CsAttnPlan &a
-#else
-#define CS_ATTN_PLAN_PARAM
-#endif
 template <typename KV>
 __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst,
-                                uint32_t bar_at CS_ATTN_PLAN_PARAM) {
+                                uint32_t bar_at) {
     const SmallDiv piece_of(p.per_inv);   // t / p.per (t below 2^12)
-#ifdef CS_ATTN_PLAN
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = a.P, kp = a.kp;
-    const float scale = p.att_scale;
-    const int first = a.first, t0 = a.t0, t1 = a.t1;
-#else
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
     const int first = cs_key_first(p, lane);
     const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1), t1 = min(t0 + slice, P + 1);   // the warp's [t0, t1)
-#endif
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-#ifdef CS_ATTN_PLAN
-        const int kvh = nth == 0 ? a.kvh : SmallDiv(p.kv_group_inv)(head), base = 2 * kp * nth;
-#else
         const int kvh = SmallDiv(p.kv_group_inv)(head), base = 2 * kp * nth;
-#endif
         const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
@@ -931,9 +905,6 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     if (stamp) cs_stamp(p.trace, 0);
     cs_embed(p, s);
     if (stamp) cs_stamp(p.trace, 1);
-#ifdef CS_ATTN_PLAN
-    const CsAttnPlan plan = cs_attn_plan(p, s, rank);   // (s->pos is in)
-#endif
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
     int piece = 0;         // the block's pieces of the hops before
     for (int i = 0; i < p.n_hops; i++) {
@@ -969,11 +940,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
-#ifdef CS_ATTN_PLAN
-        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at, plan)
-#else
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-#endif
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE

@@ -172,6 +172,12 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
+// 1.5 x 2^23 (bits 0x4B400000): t + kRoundMagic is t rounded to the nearest integer (ties to
+// even, as rintf) for |t| < 2^22, held in the sum's low mantissa bits, and the sum less
+// kRoundMagic is that integer as a float, exactly. Adds in place of the conversion instructions
+// (FRND, F2I, I2F), which issue at an eighth of an add's rate (bench/NOTES.md 62, 163).
+constexpr float kRoundMagic = 12582912.0f;
+
 // mbarrier and bulk copy (the copy engine; its writes are in the async proxy that wgmma reads).
 // A barrier whose phase completes after `arrivals` arrivals (and the bytes they expect).
 __device__ __forceinline__ void mbar_init(uint32_t bar, int arrivals = 1) {

@@ -718,7 +718,6 @@ __device__ __forceinline__ float4 mk_values_x4(const MkFlagged4 &f, int k, int K
 #ifndef MK_NO_CVT
 #define MK_NO_CVT 1
 #endif
-constexpr float kMkMagic = 12582912.0f;   // 1.5 * 2^23: its bits 0x4B400000
 // The three digits of v (in units of u: v * inv, |v * inv| <= 127) packed a byte each into d[3].
 __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[3]) {
     float t = v * inv;
@@ -726,8 +725,8 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
     for (int j = 0; j < 3; j++) {
         float r;
         if (MK_NO_CVT) {
-            const float a = __fadd_rn(t, kMkMagic);
-            r = __fsub_rn(a, kMkMagic);
+            const float a = __fadd_rn(t, kRoundMagic);
+            r = __fsub_rn(a, kRoundMagic);
             d[j] |= (__float_as_uint(a) & 0xffu) << (8 * i);
         } else {
             r = rintf(t);
@@ -739,7 +738,7 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
 // An int32 sum as a float: by an add where |d| < 2^22 (kSmall), else converted.
 template <bool kSmall>
 __device__ __forceinline__ float mk_float_of(int d) {
-    if (MK_NO_CVT && kSmall) return __fsub_rn(__int_as_float(__float_as_int(kMkMagic) + d), kMkMagic);
+    if (MK_NO_CVT && kSmall) return __fsub_rn(__int_as_float(__float_as_int(kRoundMagic) + d), kRoundMagic);
     return (float)d;
 }
 
