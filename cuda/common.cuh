@@ -110,11 +110,20 @@ __device__ float block_reduce(float v, float *red) {
 // dozen integer instructions (bench/NOTES.md 120, 124, 142).
 // The reciprocal can also come from the host (small_div_inverse: the same value, 1 / d rounded
 // to nearest in both), so that a kernel's constant divisors cost it no reciprocal of its own.
+// by_adds: the same quotient without the conversion instructions (I2F, F2I), which issue at an
+// eighth of an add's rate (bench/NOTES.md 163, 164), for c from 0: c as a float by an add (2^23
+// + c in a float's bits, less 2^23), (c + 1/2) * inv by one FMA (the same rounding as the product
+// above, c + 1/2 being exact), and its floor by an add rounded down onto 2^23's integer grid.
 struct SmallDiv {
     float inv;
     __device__ explicit SmallDiv(int d) : inv(0.0f) { inv = __frcp_rn((float)d); }
     __device__ explicit SmallDiv(float inv_d) : inv(inv_d) {}   // inv_d: small_div_inverse(d)
     __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
+    __device__ int by_adds(int c) const {
+        constexpr int kBits = 0x4b000000;   // 2^23
+        const float cf = __fsub_rn(__int_as_float(kBits + c), 8388608.0f);
+        return __float_as_int(__fadd_rd(fmaf(cf, inv, 0.5f * inv), 8388608.0f)) - kBits;
+    }
 };
 static __host__ __device__ inline float small_div_inverse(int d) { return 1.0f / (float)d; }
 
