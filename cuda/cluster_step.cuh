@@ -415,9 +415,10 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
 }
 
 // r (|r| <= 127.5) as three int8 digits, r ~ d0 + d1 / 254 + d2 / 254^2, into byte `byte` of d[0..2].
-// Each plane's r is clamped to +-127 and then rounded by adds (kRoundMagic: no conversion
-// instructions, whose rate bound the staging: NOTES 163); the digit is the rounded sum's low
-// byte. (Clamped before the rounding: the same digit as clamping the rounded r, NaN included.)
+// Each plane's r is clamped to +-127 and then rounded by adds (kRoundMagic), not by the conversion
+// unit, whose results the staging and the lanes' loads after it waited for (NOTES 163); the digit
+// is the rounded sum's low byte. (Clamped before the rounding: the same digit as clamping the
+// rounded r, NaN included.)
 __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) {
 #pragma unroll
     for (int pl = 0; pl < 3; pl++) {
