@@ -104,25 +104,31 @@ __device__ float block_reduce(float v, float *red) {
     return kMax ? warp_max(v) : warp_sum(v);
 }
 
+// 1.5 x 2^23 (bits 0x4B400000): t + kRoundMagic is t rounded to the nearest integer (ties to
+// even, as rintf) for |t| < 2^22, held in the sum's low mantissa bits, and the sum less
+// kRoundMagic is that integer as a float, exactly. Adds in place of the conversion instructions
+// (FRND, F2I, I2F), which issue at an eighth of an add's rate (bench/NOTES.md 62, 163).
+constexpr float kRoundMagic = 12582912.0f;
+
 // c / d by the reciprocal, exact for c and d below 2^12: (c + 1/2) / d lies at least 1 / (2 d) from
 // an integer, and the two roundings move it by under 2^-22 of itself (tests/test_run.c checks every
 // pair below 2^12 on the GPU; a larger d than c gives 0). A division at run time is a chain of a
 // dozen integer instructions (bench/NOTES.md 120, 124, 142).
 // The reciprocal can also come from the host (small_div_inverse: the same value, 1 / d rounded
 // to nearest in both), so that a kernel's constant divisors cost it no reciprocal of its own.
-// by_adds: the same quotient without the conversion instructions (I2F, F2I), which issue at an
-// eighth of an add's rate (bench/NOTES.md 163, 164), for c from 0: c as a float by an add (2^23
-// + c in a float's bits, less 2^23), (c + 1/2) * inv by one FMA (the same rounding as the product
-// above, c + 1/2 being exact), and its floor by an add rounded down onto 2^23's integer grid.
+// by_adds: the same quotient without the conversion instructions (bench/NOTES.md 164), for c from
+// 0: c as a float by kRoundMagic (its bits plus c, less kRoundMagic), (c + 1/2) * inv by one FMA
+// (the same rounding as the product above, c + 1/2 being exact), and its floor by adding
+// kRoundMagic rounded down onto that sum's integer grid.
 struct SmallDiv {
     float inv;
     __device__ explicit SmallDiv(int d) : inv(0.0f) { inv = __frcp_rn((float)d); }
     __device__ explicit SmallDiv(float inv_d) : inv(inv_d) {}   // inv_d: small_div_inverse(d)
     __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
     __device__ int by_adds(int c) const {
-        constexpr int kBits = 0x4b000000;   // 2^23
-        const float cf = __fsub_rn(__int_as_float(kBits + c), 8388608.0f);
-        return __float_as_int(__fadd_rd(fmaf(cf, inv, 0.5f * inv), 8388608.0f)) - kBits;
+        const int bits = __float_as_int(kRoundMagic);
+        const float cf = __fsub_rn(__int_as_float(bits + c), kRoundMagic);
+        return __float_as_int(__fadd_rd(fmaf(cf, inv, 0.5f * inv), kRoundMagic)) - bits;
     }
 };
 static __host__ __device__ inline float small_div_inverse(int d) { return 1.0f / (float)d; }
@@ -180,12 +186,6 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void *src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
-
-// 1.5 x 2^23 (bits 0x4B400000): t + kRoundMagic is t rounded to the nearest integer (ties to
-// even, as rintf) for |t| < 2^22, held in the sum's low mantissa bits, and the sum less
-// kRoundMagic is that integer as a float, exactly. Adds in place of the conversion instructions
-// (FRND, F2I, I2F), which issue at an eighth of an add's rate (bench/NOTES.md 62, 163).
-constexpr float kRoundMagic = 12582912.0f;
 
 // mbarrier and bulk copy (the copy engine; its writes are in the async proxy that wgmma reads).
 // A barrier whose phase completes after `arrivals` arrivals (and the bytes they expect).
