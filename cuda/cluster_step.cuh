@@ -71,18 +71,6 @@ __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
 __device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }   // (d past 2^126: 0, the sigmoid's limit)
 __device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
 #endif
-// The step's index divisions (SmallDiv: c / d by a reciprocal for c, d below 2^12). CS_MAGIC_INDEX,
-// a measurement build: by adds (SmallDiv::by_adds), without the conversions (NOTES 164).
-struct CsDiv : SmallDiv {
-    using SmallDiv::SmallDiv;
-    __device__ int operator()(int c) const {
-#ifdef CS_MAGIC_INDEX
-        return by_adds(c);
-#else
-        return SmallDiv::operator()(c);
-#endif
-    }
-};
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
@@ -494,7 +482,7 @@ struct CsLaneXOf {
     uint4 tail_d[3];
     float tail_u;
     template <int kWords>
-    __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, CsDiv group_of) {
+    __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
         const int lane = threadIdx.x % 32;
         chunks = (K + 15) / 16;
         full = chunks;
@@ -606,7 +594,7 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
     const int lane = threadIdx.x % 32;
     float out = v;
     if (row < p.q_dim + p.kvd) {   // RoPE: pair (2i, 2i + 1) of each head turns by pos * freq[i]
-        const int e = row < p.q_dim ? row : row - p.q_dim, i = (e - p.hs * CsDiv(p.hs_inv)(e)) / 2;   // (e below 2^12)
+        const int e = row < p.q_dim ? row : row - p.q_dim, i = (e - p.hs * SmallDiv(p.hs_inv)(e)) / 2;   // (e below 2^12)
         const float cs = s->rope_cos[i], sn = s->rope_sin[i];
         out = (row & 1) ? other * sn + v * cs : v * cs - other * sn;
     }
@@ -688,7 +676,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
-    lx.load(s->digits, s->u, h.K, CsDiv(h.group_inv));
+    lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -777,7 +765,7 @@ __host__ __device__ inline int cs_key_shift(int hs) {
 // hs / 4).
 __device__ __forceinline__ int cs_key_first(const CsParams &p, int lane) {
     const int n = p.hs / 4, r = lane >> p.key_shift;
-    return r - n * CsDiv(p.quads_inv)(r);
+    return r - n * SmallDiv(p.quads_inv)(r);
 }
 // q . the step's own key row k (in x, FP32), each element rounded as the cache holds it.
 template <typename KV>
@@ -798,7 +786,7 @@ __device__ __forceinline__ float cs_dot_own4(const float *q, const float *k, int
 template <typename KV>
 __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const CsRing &ring, const float *x, float *dst,
                                 uint32_t bar_at) {
-    const CsDiv piece_of(p.per_inv);   // t / p.per (t below 2^12)
+    const SmallDiv piece_of(p.per_inv);   // t / p.per (t below 2^12)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
     const int first = cs_key_first(p, lane);
@@ -807,7 +795,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
     for (int head = rank; head < p.n_heads; head += p.cluster, nth++) {
-        const int kvh = CsDiv(p.kv_group_inv)(head), base = 2 * kp * nth;
+        const int kvh = SmallDiv(p.kv_group_inv)(head), base = 2 * kp * nth;
         const float *q = x + head * p.hs, *own_v = x + p.q_dim + p.kvd + kvh * p.hs;
         for (int i = 0; i < kp; i++) ring.wait(base + i);
         if (nth == 0) ring.tick(1);
@@ -880,7 +868,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int w = 0; w < kCsWarps; w++) f[w] = expf(part[w][kCsMaxHead] - mx), den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
         const float inv = cs_rcp(den);
         const int quads = p.hs / 4;
-        const CsDiv block_of(p.quads_inv);   // (t below 16 x 32)
+        const SmallDiv block_of(p.quads_inv);   // (t below 16 x 32)
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
             const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1040,7 +1028,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
     CsLaneXOf<kCsFewChunks> lx;
-    lx.load(s->digits, s->u, c.dim, CsDiv(c.group_inv));
+    lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {

@@ -116,20 +116,11 @@ constexpr float kRoundMagic = 12582912.0f;
 // dozen integer instructions (bench/NOTES.md 120, 124, 142).
 // The reciprocal can also come from the host (small_div_inverse: the same value, 1 / d rounded
 // to nearest in both), so that a kernel's constant divisors cost it no reciprocal of its own.
-// by_adds: the same quotient without the conversion instructions (bench/NOTES.md 164), for c from
-// 0: c as a float by kRoundMagic (its bits plus c, less kRoundMagic), (c + 1/2) * inv by one FMA
-// (the same rounding as the product above, c + 1/2 being exact), and its floor by adding
-// kRoundMagic rounded down onto that sum's integer grid.
 struct SmallDiv {
     float inv;
     __device__ explicit SmallDiv(int d) : inv(0.0f) { inv = __frcp_rn((float)d); }
     __device__ explicit SmallDiv(float inv_d) : inv(inv_d) {}   // inv_d: small_div_inverse(d)
     __device__ int operator()(int c) const { return (int)(((float)c + 0.5f) * inv); }
-    __device__ int by_adds(int c) const {
-        const int bits = __float_as_int(kRoundMagic);
-        const float cf = __fsub_rn(__int_as_float(bits + c), kRoundMagic);
-        return __float_as_int(__fadd_rd(fmaf(cf, inv, 0.5f * inv), kRoundMagic)) - bits;
-    }
 };
 static __host__ __device__ inline float small_div_inverse(int d) { return 1.0f / (float)d; }
 
