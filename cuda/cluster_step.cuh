@@ -101,6 +101,9 @@ struct CsParams {
     const float *rope_freq;   // (hs / 2)
     void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
     float *out;               // the last residual stream (dim): the classifier's x
+#ifdef CS_CLS_FLAG
+    unsigned long long *x_ready, launch;   // CsClsParams's
+#endif
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
@@ -121,6 +124,14 @@ struct CsClsParams {
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
     float group_inv;             // small_div_inverse(group_chunks)
+#ifdef CS_CLS_FLAG
+    // CS_CLS_FLAG, a measurement build (NOTES 166, 167): where every block's rows are held in its
+    // shared memory, the classifier starts once x_ready holds its launch's number, which the
+    // layers' rank 0 stores there after it has written x, rather than once the layers' grid has
+    // ended (elsewhere x_ready is NULL). launch counts the launches (never captured in a graph,
+    // whose replays would repeat it), so a word from a step before is always smaller.
+    unsigned long long *x_ready, launch;
+#endif
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
@@ -954,8 +965,15 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     }
     cs_wait<true>(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1, CS_AT_HOP, p.n_hops);
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
-    if (rank == 0)
+    if (rank == 0) {
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
+#ifdef CS_CLS_FLAG
+        if (p.x_ready) {
+            cs_consumers_sync();   // every consumer's part of x written, before the release that publishes them
+            if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.x_ready), "l"(p.launch) : "memory");
+        }
+#endif
+    }
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
 
@@ -1019,7 +1037,16 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
             bulk_copy_counted(cs_saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), cs_saddr(&s->landed));
     }
     pdl_release();   // the next step's layers may start streaming
+#ifdef CS_CLS_FLAG
+    if (!c.x_ready) {
+        pdl_wait();   // the layers: x
+    } else if (threadIdx.x == 0) {   // the layers' x, as their rank 0 publishes it (their grid may not have ended)
+        unsigned long long ready = 0;
+        while (ready < c.launch) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(ready) : "l"(c.x_ready) : "memory");
+    }
+#else
     pdl_wait();      // the layers: x
+#endif
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
@@ -1056,6 +1083,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+#ifdef CS_CLS_FLAG
+    if (threadIdx.x == 0 && c.x_ready) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
+#endif
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
@@ -1092,7 +1122,16 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
 // ---------------------------------------------------------------------------------------------
 // Host side: the schedule from the recorded step (the same MegaStage list the megakernel takes).
 
+#ifdef CS_CLS_FLAG
+constexpr int kCsBestWords = 3;   // CsClsParams::best's two, then x_ready (0: no launch yet)
+#else
+constexpr int kCsBestWords = 2;   // CsClsParams::best
+#endif
+
 struct GpuCluster {
+#ifdef CS_CLS_FLAG
+    mutable unsigned long long launches;   // CS_CLS_FLAG: the launches so far
+#endif
     CsParams p;
     CsClsParams c;
     CsHop *hops;               // device copy of the hops
@@ -1375,9 +1414,13 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
+    CUDA_CHECK(cudaMalloc(&c->best, kCsBestWords * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, kCsBestWords * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
+#ifdef CS_CLS_FLAG
+    // (where every block's rows are held, as cs_block_logits counts them: a batch of 8 all or none)
+    if (c->c.rows_per_block <= (kCsPreload / c->c.rec & ~7)) p.x_ready = c->c.x_ready = c->best + 2;
+#endif
 #ifdef CS_TRACE
     const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
@@ -1577,8 +1620,16 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
+#ifdef CS_CLS_FLAG
+    CsParams p = c->p;
+    CsClsParams cls = c->c;
+    p.launch = cls.launch = ++c->launches;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
+#else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
+#endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
