@@ -72,6 +72,8 @@ __device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }
 __device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
 #endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
+// The most rows of rec bytes a classifier block holds (a batch of 8 rows all held or none).
+__host__ __device__ inline int cs_rows_held(int rec) { return kCsPreload / rec & ~7; }
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
@@ -421,9 +423,9 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
 __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) {
 #pragma unroll
     for (int pl = 0; pl < 3; pl++) {
-        const float t = __fadd_rn(fminf(fmaxf(r, -127.0f), 127.0f), kRoundMagic), q = __fsub_rn(t, kRoundMagic);
-        d[pl] |= (__float_as_uint(t) & 0xff) << (8 * byte);
-        r = (r - q) * 254.0f;
+        const RoundedByAdds q = round_by_adds(fminf(fmaxf(r, -127.0f), 127.0f));
+        d[pl] |= q.low_byte << (8 * byte);
+        r = (r - q.value) * 254.0f;
     }
 }
 
@@ -1027,7 +1029,7 @@ __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
 __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
-    const int held = min(mine, kCsPreload / c.rec & ~7);   // (a batch of 8 rows all held or none)
+    const int held = min(mine, cs_rows_held(c.rec));
     if (threadIdx.x == 0) {
         mbar_init(cs_saddr(&s->landed), 1);
         mbar_init_fence();
@@ -1418,8 +1420,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, kCsBestWords * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_CLS_FLAG
-    // (where every block's rows are held, as cs_block_logits counts them: a batch of 8 all or none)
-    if (c->c.rows_per_block <= (kCsPreload / c->c.rec & ~7)) p.x_ready = c->c.x_ready = c->best + 2;
+    if (c->c.rows_per_block <= cs_rows_held(c->c.rec)) p.x_ready = c->c.x_ready = c->best + 2;
 #endif
 #ifdef CS_TRACE
     const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces

@@ -109,6 +109,16 @@ __device__ float block_reduce(float v, float *red) {
 // kRoundMagic is that integer as a float, exactly. Adds in place of the conversion instructions
 // (FRND, F2I, I2F), which issue at an eighth of an add's rate (bench/NOTES.md 62, 163).
 constexpr float kRoundMagic = 12582912.0f;
+// t (|t| < 2^22) rounded by those adds: the integer as a float, and its low byte (as the integer's
+// two's complement has it), which is the sum's.
+struct RoundedByAdds {
+    float value;
+    uint32_t low_byte;
+};
+__device__ __forceinline__ RoundedByAdds round_by_adds(float t) {
+    const float sum = __fadd_rn(t, kRoundMagic);
+    return {__fsub_rn(sum, kRoundMagic), __float_as_uint(sum) & 0xffu};
+}
 
 // c / d by the reciprocal, exact for c and d below 2^12: (c + 1/2) / d lies at least 1 / (2 d) from
 // an integer, and the two roundings move it by under 2^-22 of itself (tests/test_run.c checks every

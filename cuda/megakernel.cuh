@@ -725,9 +725,9 @@ __device__ __forceinline__ void mk_digits(float v, float inv, int i, uint32_t d[
     for (int j = 0; j < 3; j++) {
         float r;
         if (MK_NO_CVT) {
-            const float a = __fadd_rn(t, kRoundMagic);
-            r = __fsub_rn(a, kRoundMagic);
-            d[j] |= (__float_as_uint(a) & 0xffu) << (8 * i);
+            const RoundedByAdds a = round_by_adds(t);
+            r = a.value;
+            d[j] |= a.low_byte << (8 * i);
         } else {
             r = rintf(t);
             d[j] |= (uint32_t)((int)r & 0xff) << (8 * i);
