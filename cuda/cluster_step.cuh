@@ -53,6 +53,11 @@ constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 16
 // (CS_WIDE_ONLY, a measurement build: every model takes 3, as before NOTES 149.)
 constexpr int kCsChunks = kCsMaxX / 16 / 32, kCsFewChunks = kCsMaxDim / 16 / 32;
 static_assert(kCsFewChunks < kCsChunks, "two forms of the layers' kernel");
+// CS_NARROW (a measurement build, NOTES 168): a third form, x up to kCsMaxDim in 8-column chunks
+// (kCsNarrowChunks a lane) with tail items, taken where its dp4a over the model's hops are fewer
+// than the two-chunk form's (cs_batch_dp4a). CS_CLS_TAIL: the classifier's lanes take tail items,
+// in 16- or 8-column chunks, whichever issues fewer dp4a at the model's width.
+constexpr int kCsNarrowChunks = kCsMaxDim / 8 / 32;
 // The three-chunk form's lanes take a hop's last chunks as items (CsLaneXOf's kTail; NOTES 150,
 // 152). CS_NO_TAIL, a measurement build: without them.
 #ifdef CS_NO_TAIL
@@ -476,14 +481,21 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     return cs_norm_scale(ss_out, K, eps);
 }
 
-// This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
-// steps and the weights' scale of each.
+// A chunk of kCols columns as one load: 16 int8 (uint4) or 8 (uint2).
+template <int kCols> struct CsChunkOf;
+template <> struct CsChunkOf<16> { using T = uint4; };
+template <> struct CsChunkOf<8> { using T = uint2; };
+
+// This lane's chunks of x (kCols columns each: lane, lane + 32, ..., at most kChunks): their
+// digits, steps and the weights' scale of each. kCols 8 (CS_NARROW's form): half the dp4a of a
+// row's pass where x's width leaves lanes of a 16-column pass idle (cs_batch_dp4a).
 // kTail: the tail items below.
-template <int kChunks, bool kTail = false>
+template <int kChunks, bool kTail = false, int kCols = 16>
 struct CsLaneXOf {
-    static constexpr int kMaxChunks = kChunks;
+    using Chunk = typename CsChunkOf<kCols>::T;
+    static constexpr int kMaxChunks = kChunks, kChunkCols = kCols;
     static constexpr bool kTailItems = kTail;
-    uint4 d[kChunks][3];
+    Chunk d[kChunks][3];
     float u[kChunks];
     int scale[kChunks];
     int chunks;
@@ -492,35 +504,46 @@ struct CsLaneXOf {
     // a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row, chunk) item
     // (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
     int tail_row, tail_c, tail_scale;   // tail_row 8: no item
-    uint4 tail_d[3];
+    Chunk tail_d[3];
     float tail_u;
+    // group_of: c / the weights' group size in 16-column chunks (h.group_chunks)
+    __device__ static int group_at(SmallDiv group_of, int c) { return group_of(kCols == 16 ? c : c >> 1); }
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
+        constexpr int kPerGroup = kCsGroup / kCols;   // chunks a staged group of x
         const int lane = threadIdx.x % 32;
-        chunks = (K + 15) / 16;
+        chunks = (K + kCols - 1) / kCols;
         full = chunks;
         if constexpr (kTail) {
             const int t = chunks % 32;
             if (t <= 4) full = chunks - t;
             tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
-            for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
+            for (int pl = 0; pl < 3; pl++) tail_d[pl] = Chunk{};
             if (full < chunks && lane < 8 * t) {
                 // lane / t by a multiply (1 <= t <= 4, lane < 32: (lane * ceil(2^16 / t)) >> 16 is exact)
                 tail_row = lane * (t == 3 ? 21846 : 65536 >> (t >> 1)) >> 16, tail_c = full + lane - tail_row * t;
-                tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
-                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
+                tail_u = u_of[tail_c / kPerGroup], tail_scale = group_at(group_of, tail_c);
+                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const Chunk *>(digits[pl])[tail_c];
             }
         }
 #pragma unroll
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
-            u[j] = c < full ? u_of[c / 8] : 0.0f;
-            scale[j] = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
+            u[j] = c < full ? u_of[c / kPerGroup] : 0.0f;
+            scale[j] = group_at(group_of, min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
 #pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const Chunk *>(digits[pl])[c] : Chunk{};
         }
     }
 };
+
+// The dp4a a lane issues for a warp's batch of 8 rows of K columns in the form (kCols, kTail):
+// its passes of a lane a chunk of every row, then its tail item. The host picks the form of
+// fewer (a warp issues its instructions for idle lanes too).
+__host__ __device__ inline int cs_batch_dp4a(int K, int cols, bool tail) {
+    const int chunks = (K + cols - 1) / cols, t = chunks % 32, full = tail && t <= 4 ? chunks - t : chunks;
+    return (8 * ((full + 31) / 32) + (full < chunks)) * 3 * (cols / 4);
+}
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
@@ -529,8 +552,11 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
-// A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
-__device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
+__device__ __forceinline__ int cs_dot4(uint2 w, uint2 d) { return __dp4a((int)w.y, (int)d.y, __dp4a((int)w.x, (int)d.x, 0)); }
+
+// A chunk of a row (16 or 8 int8 weights) times x's chunk as its three digits: sum w . x / step.
+template <class Chunk>
+__device__ __forceinline__ float cs_dot_digits(Chunk w, Chunk d0, Chunk d1, Chunk d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
 }
 
@@ -547,12 +573,12 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int j = 0; j < LaneX::kMaxChunks; j++) {
         if (32 * j >= x.full) break;   // (the warp's lanes alike)
         const int c = min(lane + 32 * j, x.chunks - 1);
-        uint4 w[8];
+        typename LaneX::Chunk w[8];
         float scale[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-            w[r] = reinterpret_cast<const uint4 *>(at)[c];
+            w[r] = reinterpret_cast<const typename LaneX::Chunk *>(at)[c];
             scale[r] = reinterpret_cast<const float *>(at + scales_at)[x.scale[j]];
         }
 #pragma unroll
@@ -567,7 +593,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             float v = 0.0f;
             if (r < 8) {
                 const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-                const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
+                const typename LaneX::Chunk w = reinterpret_cast<const typename LaneX::Chunk *>(at)[x.tail_c];
                 v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
             }
 #pragma unroll
@@ -657,7 +683,7 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
-template <typename KV, int kChunks>
+template <typename KV, int kChunks, int kCols>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
                              uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
@@ -671,7 +697,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
+    CsLaneXOf<kChunks, kCols == 8 || (kCsTailWide && kChunks == kCsChunks), kCols> lx;
     float inv_rms;
 #ifdef CS_TWICE
     // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
@@ -912,7 +938,7 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     cs_consumers_sync();
 }
 
-template <typename KV, int kChunks>
+template <typename KV, int kChunks, int kCols>
 __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
@@ -955,7 +981,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
+                                   : cs_linear_hop<KV, kChunks, kCols>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -979,7 +1005,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
 
-template <typename KV, int kChunks>
+template <typename KV, int kChunks, int kCols = 16>
 __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_constant__ CsParams p) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     CsSmem *s = reinterpret_cast<CsSmem *>(cs_smem);
@@ -994,7 +1020,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
     if (threadIdx.x >= kCsConsumers) cs_produce<KV>(p, s, rank);
-    else cs_consume<KV, kChunks>(p, s, rank);
+    else cs_consume<KV, kChunks, kCols>(p, s, rank);
     __syncwarp();
     cs_cluster_sync();   // no block leaves while another may still write its shared memory
 }
@@ -1026,6 +1052,7 @@ __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
 // The classifier's work in one block (s: its shared memory): the rows copied in while the layers
 // run, then, once they have finished, the logits of the block's rows; returns the block's argmax
 // key to thread 0 (the others: their warp's).
+template <int kCols>
 __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
@@ -1056,7 +1083,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-    CsLaneXOf<kCsFewChunks> lx;
+#ifdef CS_CLS_TAIL
+    CsLaneXOf<kCols == 16 ? kCsFewChunks : kCsNarrowChunks, true, kCols> lx;
+#else
+    CsLaneXOf<kCsFewChunks, false, kCols> lx;
+#endif
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
@@ -1082,9 +1113,10 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     return best;
 }
 
+template <int kCols = 16>
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
-    const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+    const unsigned long long best = cs_block_logits<kCols>(c, reinterpret_cast<CsClsSmem *>(cs_smem));
 #ifdef CS_CLS_FLAG
     if (threadIdx.x == 0 && c.x_ready) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
 #endif
@@ -1142,6 +1174,8 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
+    void (*classifier)(CsClsParams);
+    bool narrow, cls_narrow;   // the layers', the classifier's form: 8-column chunks (CS_NARROW, CS_CLS_TAIL)
 };
 
 namespace {
@@ -1247,11 +1281,23 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
 
 // The layers' kernel for a model: its cache's type, and a lane's chunks of x as few as hold the
 // widest x of a hop (the model's width, the output projection's q, w2's hidden width).
-static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
-    const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
+static void (*cs_layers_for(const MegaStage *st, MegaAttention at, bool *narrow))(CsParams) {
+    const int dim = st[1].linear.w[0]->cols, q_dim = at.n_heads * at.head_size, kvd = at.n_kv_heads * at.head_size;
+    const int hidden = st[4].linear.w[0]->rows, widest = max(dim, max(q_dim, hidden));
     bool few = widest <= 16 * 32 * kCsFewChunks;   // (a chunk a lane: 16 columns x 32 lanes a pass)
 #ifdef CS_WIDE_ONLY
     few = false;
+#endif
+#ifdef CS_NARROW
+    auto layer_dp4a = [&](int cols, bool tail) {   // a layer's dp4a a lane, times 8 (a batch's rows)
+        return (q_dim + 2 * kvd + 2 * hidden) * cs_batch_dp4a(dim, cols, tail) + dim * cs_batch_dp4a(q_dim, cols, tail) +
+               dim * cs_batch_dp4a(hidden, cols, tail);
+    };
+    *narrow = widest <= 8 * 32 * kCsNarrowChunks && layer_dp4a(8, true) < layer_dp4a(16, false);
+    if (*narrow) return at.kv_half ? cs_layers_kernel<__half, kCsNarrowChunks, 8> : cs_layers_kernel<float, kCsNarrowChunks, 8>;
+#else
+    *narrow = false;
+    (void)kvd;
 #endif
     if (at.kv_half) return few ? cs_layers_kernel<__half, kCsFewChunks> : cs_layers_kernel<__half, kCsChunks>;
     return few ? cs_layers_kernel<float, kCsFewChunks> : cs_layers_kernel<float, kCsChunks>;
@@ -1356,7 +1402,12 @@ static bool cs_classifier(GpuCtx *g, GpuCluster *c, const LinearCall &cls, size_
     k.w = h.w, k.gamma = h.gamma, k.x = c->p.out, k.logits = cls.y;
     c->cls_smem = sizeof(CsClsSmem);
     if (c->cls_smem > (size_t)optin) return snprintf(why, ERR_LEN, "its classifier's %zu bytes of shared memory", c->cls_smem), false;
-    CUDA_CHECK(cudaFuncSetAttribute(cs_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->cls_smem));
+    c->classifier = cs_classifier_kernel<16>;
+#ifdef CS_CLS_TAIL
+    c->cls_narrow = cs_batch_dp4a(k.dim, 8, true) < cs_batch_dp4a(k.dim, 16, true);
+    if (c->cls_narrow) c->classifier = cs_classifier_kernel<8>;
+#endif
+    CUDA_CHECK(cudaFuncSetAttribute(c->classifier, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->cls_smem));
     return true;
 }
 
@@ -1375,7 +1426,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CsParams &p = c->p;
     p.n_hops = n - 2;
     c->smem = offsetof(CsSmem, hops) + (size_t)p.n_hops * sizeof(CsHop);
-    c->layers = cs_layers_for(st, at);
+    c->layers = cs_layers_for(st, at, &c->narrow);
     if (c->smem > (size_t)optin) return snprintf(why, ERR_LEN, "its %zu bytes of shared memory", c->smem), cs_free(c), (GpuCluster *)NULL;
     p.cluster = cs_cluster_size(g, c->layers, c->smem);
     if (!p.cluster) return snprintf(why, ERR_LEN, "this GPU places no cluster of 8 or 16 of its blocks"), cs_free(c), (GpuCluster *)NULL;
@@ -1626,10 +1677,10 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     CsClsParams cls = c->c;
     p.launch = cls.launch = ++c->launches;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
+    launch(g, "cs_classifier_kernel", c->classifier, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
 #else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
+    launch(g, "cs_classifier_kernel", c->classifier, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
 #endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
@@ -1642,8 +1693,9 @@ extern "C" int gpu_cluster_positions(const GpuCluster *c) { return c->positions;
 extern "C" int gpu_cluster_group_multiple(void) { return kCsGroupMultiple; }
 
 extern "C" void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n) {
-    snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy",
-             c->p.cluster, c->smem / 1024, c->cls_blocks, c->positions - 1, c->pack_bytes / 1e9);
+    snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy%s%s",
+             c->p.cluster, c->smem / 1024, c->cls_blocks, c->positions - 1, c->pack_bytes / 1e9, c->narrow ? ", 8-column chunks" : "",
+             c->cls_narrow ? ", the classifier in 8-column chunks" : "");
 }
 
 extern "C" void gpu_cluster_free(GpuCluster *c) { cs_free(c); }
