@@ -53,11 +53,6 @@ constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 16
 // (CS_WIDE_ONLY, a measurement build: every model takes 3, as before NOTES 149.)
 constexpr int kCsChunks = kCsMaxX / 16 / 32, kCsFewChunks = kCsMaxDim / 16 / 32;
 static_assert(kCsFewChunks < kCsChunks, "two forms of the layers' kernel");
-// CS_NARROW (a measurement build, NOTES 168): a third form, x up to kCsMaxDim in 8-column chunks
-// (kCsNarrowChunks a lane) with tail items, taken where its dp4a over the model's hops are fewer
-// than the two-chunk form's (cs_batch_dp4a). CS_CLS_TAIL: the classifier's lanes take tail items,
-// in 16- or 8-column chunks, whichever issues fewer dp4a at the model's width.
-constexpr int kCsNarrowChunks = kCsMaxDim / 8 / 32;
 // The three-chunk form's lanes take a hop's last chunks as items (CsLaneXOf's kTail; NOTES 150,
 // 152). CS_NO_TAIL, a measurement build: without them.
 #ifdef CS_NO_TAIL
@@ -108,9 +103,6 @@ struct CsParams {
     const float *rope_freq;   // (hs / 2)
     void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
     float *out;               // the last residual stream (dim): the classifier's x
-#ifdef CS_CLS_FLAG
-    unsigned long long *x_ready, launch;   // CsClsParams's
-#endif
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
@@ -131,14 +123,6 @@ struct CsClsParams {
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
     float group_inv;             // small_div_inverse(group_chunks)
-#ifdef CS_CLS_FLAG
-    // CS_CLS_FLAG, a measurement build (NOTES 166, 167): where every block's rows are held in its
-    // shared memory, the classifier starts once x_ready holds its launch's number, which the
-    // layers' rank 0 stores there after it has written x, rather than once the layers' grid has
-    // ended (elsewhere x_ready is NULL). launch counts the launches (never captured in a graph,
-    // whose replays would repeat it), so a word from a step before is always smaller.
-    unsigned long long *x_ready, launch;
-#endif
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
@@ -481,21 +465,14 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     return cs_norm_scale(ss_out, K, eps);
 }
 
-// A chunk of kCols columns as one load: 16 int8 (uint4) or 8 (uint2).
-template <int kCols> struct CsChunkOf;
-template <> struct CsChunkOf<16> { using T = uint4; };
-template <> struct CsChunkOf<8> { using T = uint2; };
-
-// This lane's chunks of x (kCols columns each: lane, lane + 32, ..., at most kChunks): their
-// digits, steps and the weights' scale of each. kCols 8 (CS_NARROW's form): half the dp4a of a
-// row's pass where x's width leaves lanes of a 16-column pass idle (cs_batch_dp4a).
+// This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
+// steps and the weights' scale of each.
 // kTail: the tail items below.
-template <int kChunks, bool kTail = false, int kCols = 16>
+template <int kChunks, bool kTail = false>
 struct CsLaneXOf {
-    using Chunk = typename CsChunkOf<kCols>::T;
-    static constexpr int kMaxChunks = kChunks, kChunkCols = kCols;
+    static constexpr int kMaxChunks = kChunks;
     static constexpr bool kTailItems = kTail;
-    Chunk d[kChunks][3];
+    uint4 d[kChunks][3];
     float u[kChunks];
     int scale[kChunks];
     int chunks;
@@ -504,46 +481,35 @@ struct CsLaneXOf {
     // a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row, chunk) item
     // (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
     int tail_row, tail_c, tail_scale;   // tail_row 8: no item
-    Chunk tail_d[3];
+    uint4 tail_d[3];
     float tail_u;
-    // group_of: c / the weights' group size in 16-column chunks (h.group_chunks)
-    __device__ static int group_at(SmallDiv group_of, int c) { return group_of(kCols == 16 ? c : c >> 1); }
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
-        constexpr int kPerGroup = kCsGroup / kCols;   // chunks a staged group of x
         const int lane = threadIdx.x % 32;
-        chunks = (K + kCols - 1) / kCols;
+        chunks = (K + 15) / 16;
         full = chunks;
         if constexpr (kTail) {
             const int t = chunks % 32;
             if (t <= 4) full = chunks - t;
             tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
-            for (int pl = 0; pl < 3; pl++) tail_d[pl] = Chunk{};
+            for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
             if (full < chunks && lane < 8 * t) {
                 // lane / t by a multiply (1 <= t <= 4, lane < 32: (lane * ceil(2^16 / t)) >> 16 is exact)
                 tail_row = lane * (t == 3 ? 21846 : 65536 >> (t >> 1)) >> 16, tail_c = full + lane - tail_row * t;
-                tail_u = u_of[tail_c / kPerGroup], tail_scale = group_at(group_of, tail_c);
-                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const Chunk *>(digits[pl])[tail_c];
+                tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
+                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
             }
         }
 #pragma unroll
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
-            u[j] = c < full ? u_of[c / kPerGroup] : 0.0f;
-            scale[j] = group_at(group_of, min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
+            u[j] = c < full ? u_of[c / 8] : 0.0f;
+            scale[j] = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
 #pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const Chunk *>(digits[pl])[c] : Chunk{};
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
     }
 };
-
-// The dp4a a lane issues for a warp's batch of 8 rows of K columns in the form (kCols, kTail):
-// its passes of a lane a chunk of every row, then its tail item. The host picks the form of
-// fewer (a warp issues its instructions for idle lanes too).
-__host__ __device__ inline int cs_batch_dp4a(int K, int cols, bool tail) {
-    const int chunks = (K + cols - 1) / cols, t = chunks % 32, full = tail && t <= 4 ? chunks - t : chunks;
-    return (8 * ((full + 31) / 32) + (full < chunks)) * 3 * (cols / 4);
-}
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     int a = __dp4a((int)w.x, (int)d.x, 0);
@@ -552,11 +518,8 @@ __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
-__device__ __forceinline__ int cs_dot4(uint2 w, uint2 d) { return __dp4a((int)w.y, (int)d.y, __dp4a((int)w.x, (int)d.x, 0)); }
-
-// A chunk of a row (16 or 8 int8 weights) times x's chunk as its three digits: sum w . x / step.
-template <class Chunk>
-__device__ __forceinline__ float cs_dot_digits(Chunk w, Chunk d0, Chunk d1, Chunk d2) {
+// A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
+__device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
 }
 
@@ -573,12 +536,12 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
     for (int j = 0; j < LaneX::kMaxChunks; j++) {
         if (32 * j >= x.full) break;   // (the warp's lanes alike)
         const int c = min(lane + 32 * j, x.chunks - 1);
-        typename LaneX::Chunk w[8];
+        uint4 w[8];
         float scale[8];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-            w[r] = reinterpret_cast<const typename LaneX::Chunk *>(at)[c];
+            w[r] = reinterpret_cast<const uint4 *>(at)[c];
             scale[r] = reinterpret_cast<const float *>(at + scales_at)[x.scale[j]];
         }
 #pragma unroll
@@ -593,7 +556,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             float v = 0.0f;
             if (r < 8) {
                 const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-                const typename LaneX::Chunk w = reinterpret_cast<const typename LaneX::Chunk *>(at)[x.tail_c];
+                const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
                 v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
             }
 #pragma unroll
@@ -683,7 +646,7 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
-template <typename KV, int kChunks, int kCols>
+template <typename KV, int kChunks>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
                              uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
@@ -697,7 +660,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
-    CsLaneXOf<kChunks, kCols == 8 || (kCsTailWide && kChunks == kCsChunks), kCols> lx;
+    CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
     float inv_rms;
 #ifdef CS_TWICE
     // (a measurement build, with CS_TRACE: x's digits staged twice by the same machine code, the
@@ -938,7 +901,7 @@ __device__ void cs_embed(const CsParams &p, CsSmem *s) {
     cs_consumers_sync();
 }
 
-template <typename KV, int kChunks, int kCols>
+template <typename KV, int kChunks>
 __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
@@ -981,7 +944,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                   : cs_linear_hop<KV, kChunks, kCols>(p, s, h, rank, ring, x, dst, bar_at);
+                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -993,19 +956,12 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     }
     cs_wait<true>(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1, CS_AT_HOP, p.n_hops);
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
-    if (rank == 0) {
+    if (rank == 0)
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
-#ifdef CS_CLS_FLAG
-        if (p.x_ready) {
-            cs_consumers_sync();   // every consumer's part of x written, before the release that publishes them
-            if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.x_ready), "l"(p.launch) : "memory");
-        }
-#endif
-    }
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
 
-template <typename KV, int kChunks, int kCols = 16>
+template <typename KV, int kChunks>
 __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_constant__ CsParams p) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     CsSmem *s = reinterpret_cast<CsSmem *>(cs_smem);
@@ -1020,7 +976,7 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     }
     cs_cluster_sync();   // the hops copied and every block's barriers initialised before any arrives on them
     if (threadIdx.x >= kCsConsumers) cs_produce<KV>(p, s, rank);
-    else cs_consume<KV, kChunks, kCols>(p, s, rank);
+    else cs_consume<KV, kChunks>(p, s, rank);
     __syncwarp();
     cs_cluster_sync();   // no block leaves while another may still write its shared memory
 }
@@ -1052,7 +1008,6 @@ __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
 // The classifier's work in one block (s: its shared memory): the rows copied in while the layers
 // run, then, once they have finished, the logits of the block's rows; returns the block's argmax
 // key to thread 0 (the others: their warp's).
-template <int kCols>
 __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
@@ -1066,16 +1021,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
             bulk_copy_counted(cs_saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), cs_saddr(&s->landed));
     }
     pdl_release();   // the next step's layers may start streaming
-#ifdef CS_CLS_FLAG
-    if (!c.x_ready) {
-        pdl_wait();   // the layers: x
-    } else if (threadIdx.x == 0) {   // the layers' x, as their rank 0 publishes it (their grid may not have ended)
-        unsigned long long ready = 0;
-        while (ready < c.launch) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(ready) : "l"(c.x_ready) : "memory");
-    }
-#else
     pdl_wait();      // the layers: x
-#endif
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
@@ -1083,11 +1029,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     __syncthreads();
     cs_cls_phase(c, 0);
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-#ifdef CS_CLS_TAIL
-    CsLaneXOf<kCols == 16 ? kCsFewChunks : kCsNarrowChunks, true, kCols> lx;
-#else
-    CsLaneXOf<kCsFewChunks, false, kCols> lx;
-#endif
+    CsLaneXOf<kCsFewChunks> lx;
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
     unsigned long long best = 0;
@@ -1113,13 +1055,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     return best;
 }
 
-template <int kCols = 16>
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
-    const unsigned long long best = cs_block_logits<kCols>(c, reinterpret_cast<CsClsSmem *>(cs_smem));
-#ifdef CS_CLS_FLAG
-    if (threadIdx.x == 0 && c.x_ready) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
-#endif
+    const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
@@ -1156,16 +1094,7 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
 // ---------------------------------------------------------------------------------------------
 // Host side: the schedule from the recorded step (the same MegaStage list the megakernel takes).
 
-#ifdef CS_CLS_FLAG
-constexpr int kCsBestWords = 3;   // CsClsParams::best's two, then x_ready (0: no launch yet)
-#else
-constexpr int kCsBestWords = 2;   // CsClsParams::best
-#endif
-
 struct GpuCluster {
-#ifdef CS_CLS_FLAG
-    mutable unsigned long long launches;   // CS_CLS_FLAG: the launches so far
-#endif
     CsParams p;
     CsClsParams c;
     CsHop *hops;               // device copy of the hops
@@ -1174,8 +1103,6 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
-    void (*classifier)(CsClsParams);
-    bool narrow, cls_narrow;   // the layers', the classifier's form: 8-column chunks (CS_NARROW, CS_CLS_TAIL)
 };
 
 namespace {
@@ -1281,23 +1208,11 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
 
 // The layers' kernel for a model: its cache's type, and a lane's chunks of x as few as hold the
 // widest x of a hop (the model's width, the output projection's q, w2's hidden width).
-static void (*cs_layers_for(const MegaStage *st, MegaAttention at, bool *narrow))(CsParams) {
-    const int dim = st[1].linear.w[0]->cols, q_dim = at.n_heads * at.head_size, kvd = at.n_kv_heads * at.head_size;
-    const int hidden = st[4].linear.w[0]->rows, widest = max(dim, max(q_dim, hidden));
+static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
+    const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
     bool few = widest <= 16 * 32 * kCsFewChunks;   // (a chunk a lane: 16 columns x 32 lanes a pass)
 #ifdef CS_WIDE_ONLY
     few = false;
-#endif
-#ifdef CS_NARROW
-    auto layer_dp4a = [&](int cols, bool tail) {   // a layer's dp4a a lane, times 8 (a batch's rows)
-        return (q_dim + 2 * kvd + 2 * hidden) * cs_batch_dp4a(dim, cols, tail) + dim * cs_batch_dp4a(q_dim, cols, tail) +
-               dim * cs_batch_dp4a(hidden, cols, tail);
-    };
-    *narrow = widest <= 8 * 32 * kCsNarrowChunks && layer_dp4a(8, true) < layer_dp4a(16, false);
-    if (*narrow) return at.kv_half ? cs_layers_kernel<__half, kCsNarrowChunks, 8> : cs_layers_kernel<float, kCsNarrowChunks, 8>;
-#else
-    *narrow = false;
-    (void)kvd;
 #endif
     if (at.kv_half) return few ? cs_layers_kernel<__half, kCsFewChunks> : cs_layers_kernel<__half, kCsChunks>;
     return few ? cs_layers_kernel<float, kCsFewChunks> : cs_layers_kernel<float, kCsChunks>;
@@ -1402,12 +1317,7 @@ static bool cs_classifier(GpuCtx *g, GpuCluster *c, const LinearCall &cls, size_
     k.w = h.w, k.gamma = h.gamma, k.x = c->p.out, k.logits = cls.y;
     c->cls_smem = sizeof(CsClsSmem);
     if (c->cls_smem > (size_t)optin) return snprintf(why, ERR_LEN, "its classifier's %zu bytes of shared memory", c->cls_smem), false;
-    c->classifier = cs_classifier_kernel<16>;
-#ifdef CS_CLS_TAIL
-    c->cls_narrow = cs_batch_dp4a(k.dim, 8, true) < cs_batch_dp4a(k.dim, 16, true);
-    if (c->cls_narrow) c->classifier = cs_classifier_kernel<8>;
-#endif
-    CUDA_CHECK(cudaFuncSetAttribute(c->classifier, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->cls_smem));
+    CUDA_CHECK(cudaFuncSetAttribute(cs_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c->cls_smem));
     return true;
 }
 
@@ -1426,7 +1336,7 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CsParams &p = c->p;
     p.n_hops = n - 2;
     c->smem = offsetof(CsSmem, hops) + (size_t)p.n_hops * sizeof(CsHop);
-    c->layers = cs_layers_for(st, at, &c->narrow);
+    c->layers = cs_layers_for(st, at);
     if (c->smem > (size_t)optin) return snprintf(why, ERR_LEN, "its %zu bytes of shared memory", c->smem), cs_free(c), (GpuCluster *)NULL;
     p.cluster = cs_cluster_size(g, c->layers, c->smem);
     if (!p.cluster) return snprintf(why, ERR_LEN, "this GPU places no cluster of 8 or 16 of its blocks"), cs_free(c), (GpuCluster *)NULL;
@@ -1467,12 +1377,9 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    CUDA_CHECK(cudaMalloc(&c->best, kCsBestWords * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, kCsBestWords * sizeof(unsigned long long), g->stream));
+    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
-#ifdef CS_CLS_FLAG
-    if (c->c.rows_per_block <= cs_rows_held(c->c.rec)) p.x_ready = c->c.x_ready = c->best + 2;
-#endif
 #ifdef CS_TRACE
     const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
@@ -1672,16 +1579,8 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
-#ifdef CS_CLS_FLAG
-    CsParams p = c->p;
-    CsClsParams cls = c->c;
-    p.launch = cls.launch = ++c->launches;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
-    launch(g, "cs_classifier_kernel", c->classifier, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
-#else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", c->classifier, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
-#endif
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
@@ -1693,9 +1592,8 @@ extern "C" int gpu_cluster_positions(const GpuCluster *c) { return c->positions;
 extern "C" int gpu_cluster_group_multiple(void) { return kCsGroupMultiple; }
 
 extern "C" void gpu_cluster_describe(const GpuCluster *c, char *buf, size_t n) {
-    snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy%s%s",
-             c->p.cluster, c->smem / 1024, c->cls_blocks, c->positions - 1, c->pack_bytes / 1e9, c->narrow ? ", 8-column chunks" : "",
-             c->cls_narrow ? ", the classifier in 8-column chunks" : "");
+    snprintf(buf, n, "layers on a cluster of %d blocks (%zu KB shared memory each), the classifier on %d, positions up to %d, a %.2f GB copy",
+             c->p.cluster, c->smem / 1024, c->cls_blocks, c->positions - 1, c->pack_bytes / 1e9);
 }
 
 extern "C" void gpu_cluster_free(GpuCluster *c) { cs_free(c); }

@@ -2203,8 +2203,9 @@ static void test_gpu_random_models(void) {
     //   them, as (row, chunk) items): dim 560 (35 chunks: 3 past the pass) with hidden 1,048 (66:
     //   2, the last one half past K), heads of 80 on one kv head; dim 64 (4 chunks, every one an
     //   item) with hidden 1,040 (65: 1)
-    // - the tail items of the 8-column chunks' form (where it issues fewer dp4a): dim 288 (36
-    //   chunks: 4 past the pass, stories15m's shape), dim 272 with hidden 520 (34 and 65: 2 and 1)
+    // - rows of x's chunks that fill part of a pass: dim 288 (18 chunks, stories15m's shape, six
+    //   heads of 48), dim 272 with hidden 520 (17 chunks; 33, one past the first pass), 17 heads
+    //   of 16 on one kv head
     const Config wide[] = {LLAMA2C_CONFIG(320, 700, 2, 5, 1, 97, 80), LLAMA2C_CONFIG(320, 1100, 2, 5, 1, 97, 80),
                            LLAMA2C_CONFIG(560, 1048, 2, 7, 1, 97, 80), LLAMA2C_CONFIG(64, 1040, 2, 4, 2, 97, 80),
                            LLAMA2C_CONFIG(288, 768, 2, 6, 6, 97, 80),  LLAMA2C_CONFIG(272, 520, 2, 17, 1, 97, 80)};
