@@ -791,19 +791,8 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
     const SmallDiv piece_of(p.per_inv);   // t / p.per (t below 2^12)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, P = s->pos, kp = piece_of(P + p.per - 1);
     const float scale = p.att_scale;
-#ifndef CS_KEY_SPLIT
     const int first = cs_key_first(p, lane);
-#endif
     const int slice = (P + kCsWarps) / kCsWarps, t0 = min(warp * slice, P + 1), t1 = min(t0 + slice, P + 1);   // the warp's [t0, t1)
-#ifdef CS_KEY_SPLIT
-    // CS_KEY_SPLIT (a measurement build, NOTES 169): 2^lg lanes a position in the scores, as many as
-    // keep the warp's slice in one pass (up to 4) where they divide a row's units; each takes nu
-    // of them from unit `off`, rotated as cs_key_first rotates whole rows, and shuffles add them
-    int lg = 0;
-    while (lg < 2 && (slice << (lg + 1)) <= 32 && (p.hs / 4 & ((2 << lg) - 1)) == 0) lg++;
-    const int nu = p.hs / 4 >> lg, sub = lane & ((1 << lg) - 1), rowl = lane >> lg, off = 4 * sub * nu;
-    const int r_first = rowl >> p.key_shift, first = r_first - nu * SmallDiv(nu)(r_first);
-#endif
     float(*part)[kCsPartStride] = reinterpret_cast<float(*)[kCsPartStride]>(reinterpret_cast<unsigned char *>(s) + kCsScratchAt);
     const uint32_t dst_at = cs_saddr(dst);
     int nth = 0;
@@ -814,24 +803,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (nth == 0) ring.tick(1);
         float m = -INFINITY;
         // the slice's scores: a lane a position (the step's own from x, as the cache holds it)
-#ifdef CS_KEY_SPLIT
-        for (int tb = t0; tb < t1; tb += 32 >> lg) {   // (the warp's lanes alike: their shuffles)
-            const int t = tb + rowl;
-            float sc = 0.0f;
-            if (t < min(t1, P)) {
-                const int piece = piece_of(t), row = t - piece * p.per;
-                sc = cs_dot_key4(q + off, reinterpret_cast<const KV *>(ring.at(base + piece)) + (size_t)row * p.hs + off, 4 * nu, first);
-            } else if (t == P) {
-                sc = cs_dot_own4<KV>(q + off, x + p.q_dim + kvh * p.hs + off, 4 * nu);
-            }
-            for (int o = 1; o < (1 << lg); o <<= 1) sc += __shfl_xor_sync(~0u, sc, o);
-            if (t < t1) {
-                sc *= scale;
-                if (sub == 0) s->scores[t] = sc;
-                m = fmaxf(m, sc);
-            }
-        }
-#else
         for (int t = t0 + lane; t < t1; t += 32) {
             float sc;
             if (t < P) {
@@ -843,7 +814,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             s->scores[t] = sc *= scale;
             m = fmaxf(m, sc);
         }
-#endif
         if (nth == 0) ring.tick(2);
         m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
         if (nth == 0) ring.tick(3);
