@@ -344,19 +344,6 @@ __host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
     return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block));
 }
 
-#ifdef CS_ROWS12
-// CS_ROWS12, a measurement build (NOTES 171): a w1/w3 or residual hop whose block's rows take
-// fewer rounds of the warps in batches of 12 rows than in batches of 8 (stories15m's and the
-// SmolLM2 shape's w1/w3) takes them 12 at a time, in pieces of whole batches (a multiple of 24
-// rows: the host's cs_hop), so that no warp waits a second (or third) batch's chain while others
-// idle. QKV keeps batches of 8 (its epilogue's lanes are a batch of 8's).
-__host__ __device__ inline int cs_rounds(int rows, int batch) { return ((rows + batch - 1) / batch + kCsWarps - 1) / kCsWarps; }
-__host__ __device__ inline bool cs_twelve(const CsHop &h) {
-    return (h.kind == CS_RESID || h.kind == CS_SWIGLU) && h.rows_per_piece % 12 == 0 &&
-           cs_rounds(h.rows_per_block, 12) < cs_rounds(h.rows_per_block, 8);
-}
-#endif
-
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
 template <typename KV>
@@ -601,73 +588,6 @@ __device__ __forceinline__ float cs_sum8(const float acc[8]) {
     return v + __shfl_xor_sync(~0u, v, 1);
 }
 
-#ifdef CS_ROWS12
-// cs_rows8's products for a batch of 12 rows (CS_ROWS12). The tail items: a lane's item of rows
-// 0-7 as cs_rows8's, and, where its row is below 4, the same chunk of row 8 + its row (lane l < 4t
-// of the rows' 12t items).
-template <class LaneX>
-__device__ __forceinline__ void cs_rows12(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[12]) {
-    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
-#pragma unroll
-    for (int r = 0; r < 12; r++) acc[r] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < LaneX::kMaxChunks; j++) {
-        if (32 * j >= x.full) break;   // (the warp's lanes alike)
-        const int c = min(lane + 32 * j, x.chunks - 1);
-        uint4 w[12];
-        float scale[12];
-#pragma unroll
-        for (int r = 0; r < 12; r++) {
-            const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-            w[r] = reinterpret_cast<const uint4 *>(at)[c];
-            scale[r] = reinterpret_cast<const float *>(at + scales_at)[x.scale[j]];
-        }
-#pragma unroll
-        for (int r = 0; r < 12; r++) {
-            const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
-            acc[r] += scale[r] * x.u[j] * sum;
-        }
-    }
-    if constexpr (LaneX::kTailItems) {
-        if (x.full < x.chunks) {   // (the warp's lanes alike)
-            const int r = x.tail_row;
-            float v = 0.0f, v2 = 0.0f;
-            if (r < 8) {
-                const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-                const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-                v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
-            }
-            if (r < 4) {
-                const unsigned char *at = first + (size_t)min(r + 8, n - 1) * rec;
-                const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-                v2 = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
-            }
-#pragma unroll
-            for (int q = 0; q < 12; q++) acc[q] += q == r ? v : q == r + 8 ? v2 : 0.0f;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 12; r++)
-        if (r >= n) acc[r] = 0.0f;
-}
-
-// Sums acc[q] over the warp's lanes for 4 rows at once: on return lanes 8q..8q+7 hold row q's.
-__device__ __forceinline__ float cs_sum4(const float acc[4]) {
-    const int lane = threadIdx.x % 32;
-    const bool b16 = lane & 16, b8 = lane & 8;
-    float a2[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const float keep = b16 ? acc[i + 2] : acc[i], send = b16 ? acc[i] : acc[i + 2];
-        a2[i] = keep + __shfl_xor_sync(~0u, send, 16);
-    }
-    float v = (b8 ? a2[1] : a2[0]) + __shfl_xor_sync(~0u, b8 ? a2[0] : a2[1], 8);
-    v += __shfl_xor_sync(~0u, v, 4);
-    v += __shfl_xor_sync(~0u, v, 2);
-    return v + __shfl_xor_sync(~0u, v, 1);
-}
-#endif
-
 // What QKV's epilogue does to row `row`'s finished sum v (other: its pair's): the bias, RoPE on
 // q and k, and the KV store of k and v at the step's position (by one lane of the four).
 template <typename KV>
@@ -723,83 +643,6 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
     }
 }
 
-#ifdef CS_ROWS12
-__device__ __forceinline__ void cs_send2(uint32_t a, uint32_t bar, int rank, float v0, float v1) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(cs_remote(a, rank)),
-                 "r"(__float_as_uint(v0)), "r"(__float_as_uint(v1)), "r"(cs_remote(bar, rank))
-                 : "memory");
-}
-// A batch of 12 rows' outputs (out8: lanes 4q..4q+3 hold row first + q's; out4: lanes 8q..8q+7
-// row first + 8 + q's; n of them rows) sent to every block's dst as cs_share_rows8 sends 8
-// (first a multiple of 4: with pairs, the 6 outputs at first / 2 go 2 a send, 8-byte aligned).
-__device__ __forceinline__ void cs_share_rows12(uint32_t dst_at, uint32_t bar_at, float out8, float out4, int first, int n, int cluster,
-                                                bool pairs) {
-    const int lane = threadIdx.x % 32;
-    float o[12];
-#pragma unroll
-    for (int q = 0; q < 8; q++) o[q] = __shfl_sync(~0u, out8, 4 * q);
-#pragma unroll
-    for (int q = 0; q < 4; q++) o[8 + q] = __shfl_sync(~0u, out4, 8 * q);
-    if (lane >= cluster) return;
-    if (n >= 12) {
-        if (!pairs) {
-            cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
-            cs_send4(dst_at + 4 * (first + 4), bar_at, lane, o[4], o[5], o[6], o[7]);
-            cs_send4(dst_at + 4 * (first + 8), bar_at, lane, o[8], o[9], o[10], o[11]);
-        } else {
-            cs_send2(dst_at + 4 * (first / 2), bar_at, lane, o[0], o[2]);
-            cs_send2(dst_at + 4 * (first / 2 + 2), bar_at, lane, o[4], o[6]);
-            cs_send2(dst_at + 4 * (first / 2 + 4), bar_at, lane, o[8], o[10]);
-        }
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < 12; q++) {
-        if (q >= n) continue;
-        if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
-        else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o[q]);
-    }
-}
-
-// cs_linear_hop's pieces in batches of 12 rows (cs_twelve's hops: w1/w3 and the residual's, no
-// bias, no QKV epilogue), from piece `piece` on; returns the pieces taken.
-template <class LaneX>
-__device__ int cs_pieces12(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const LaneX &lx, float inv_rms,
-                           int piece, uint32_t dst_at, uint32_t bar_at) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int batch = 0;
-    const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
-    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
-        const int in_piece = min(h.rows_per_piece, mine - r0), first = 12 * ((warp - r0 / 12) & (kCsWarps - 1));
-        const unsigned char *bytes = ring.wait(piece);
-        for (int b = first; b < in_piece; b += 12 * kCsWarps) {
-            if (batch == 0) ring.tick(4);
-            else if (batch < 3) ring.tick(13 + 2 * batch);
-            float acc[12];
-            cs_rows12(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-            if (batch == 0) ring.tick(5);
-            if (batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
-            const float v8 = cs_sum8(acc) * inv_rms, v4 = cs_sum4(acc + 8) * inv_rms;
-            if (batch == 0) ring.tick(6);
-            const float other8 = __shfl_xor_sync(~0u, v8, 4), other4 = __shfl_xor_sync(~0u, v4, 8);   // the pairs' other rows
-            auto finish = [&](int r, float v, float other) {   // row b + r of the piece's
-                if (h.kind == CS_SWIGLU) return (r & 1) ? 0.0f : v * cs_rcp(1.0f + expf(-v)) * other;
-                return b + r < in_piece ? s->res[row0 + r0 + b + r] + v : 0.0f;
-            };
-            const float out8 = finish(lane / 4, v8, other8), out4 = finish(8 + lane / 8, v4, other4);
-            if (batch == 0) ring.tick(7);
-            cs_share_rows12(dst_at, bar_at, out8, out4, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
-            if (batch == 0) ring.tick(8);
-            else if (batch < 3) ring.tick(14 + 2 * batch);
-            batch++;
-        }
-        __syncwarp();
-        ring.release(piece);
-    }
-    return piece;
-}
-#endif
-
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
@@ -838,9 +681,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
-#ifdef CS_ROWS12
-    if (cs_twelve(h)) return cs_pieces12(p, s, h, rank, ring, lx, inv_rms, piece, cs_saddr(dst), bar_at);
-#endif
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
@@ -1300,13 +1140,6 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.rec = round_up(K, 16) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
-#ifdef CS_ROWS12
-    {   // pieces of whole batches of 12 where the hop takes them (cs_twelve on the same fields)
-        CsHop t = h;
-        t.rows_per_piece = kCsSlotBytes / h.rec / 24 * 24;
-        if (t.rows_per_piece > 0 && cs_twelve(t)) h.rows_per_piece = t.rows_per_piece;
-    }
-#endif
     if (pack) {
         CsPackSrc src = {};
         for (int j = 0; j < n_w; j++) {
