@@ -465,8 +465,8 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
     return cs_norm_scale(ss_out, K, eps);
 }
 
-// This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits,
-// steps and the weights' scale of each.
+// This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits
+// and steps, and where in a row's record each chunk's weights and group scale are.
 // kTail: the tail items below.
 template <int kChunks, bool kTail = false>
 struct CsLaneXOf {
@@ -474,7 +474,6 @@ struct CsLaneXOf {
     static constexpr bool kTailItems = kTail;
     uint4 d[kChunks][3];
     float u[kChunks];
-    int scale[kChunks];
     int chunks;
     int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (kTail: below)
     // (kTail: when the chunks past the last full pass over the lanes are t <= 4, a pass of a lane
@@ -483,9 +482,7 @@ struct CsLaneXOf {
     int tail_row, tail_c, tail_scale;   // tail_row 8: no item
     uint4 tail_d[3];
     float tail_u;
-#ifdef CS_ROW_ADDR
     int woff[kChunks], soff[kChunks];   // a row's bytes to this lane's chunk j, and to that chunk's group scale
-#endif
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
         const int lane = threadIdx.x % 32;
@@ -507,10 +504,8 @@ struct CsLaneXOf {
         for (int j = 0; j < kChunks; j++) {
             const int c = lane + 32 * j;
             u[j] = c < full ? u_of[c / 8] : 0.0f;
-            scale[j] = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
-#ifdef CS_ROW_ADDR
-            woff[j] = 16 * min(c, chunks - 1), soff[j] = ((K + 15) & ~15) + 4 * scale[j];
-#endif
+            const int group = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
+            woff[j] = 16 * min(c, chunks - 1), soff[j] = ((K + 15) & ~15) + 4 * group;
 #pragma unroll
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
@@ -535,40 +530,26 @@ __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint
 // row's last chunk, both times 0 or dropped), so that the rows' latencies overlap (NOTES 115, 117).
 template <class LaneX>
 __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
-    const int lane = threadIdx.x % 32, scales_at = (K + 15) & ~15;
 #pragma unroll
     for (int r = 0; r < 8; r++) acc[r] = 0.0f;
-#ifdef CS_ROW_ADDR
-    // (a measurement build, NOTES 172: each row's offset once a batch by adds, the lane's offsets
-    // to its chunk and its scale from CsLaneXOf::load, one add an address)
+    // each row's offset once a batch by adds (rows past n at row n - 1's), the lane's offsets to
+    // its chunk and to its scale from CsLaneXOf::load: one add an address (NOTES 172)
     int off[8];
     off[0] = 0;
     const int last = (n - 1) * rec;
 #pragma unroll
     for (int r = 1; r < 8; r++) off[r] = min(off[r - 1] + rec, last);
-    (void)lane, (void)scales_at;
-#endif
 #pragma unroll
     for (int j = 0; j < LaneX::kMaxChunks; j++) {
         if (32 * j >= x.full) break;   // (the warp's lanes alike)
         uint4 w[8];
         float scale[8];
-#ifdef CS_ROW_ADDR
         const unsigned char *wj = first + x.woff[j], *sj = first + x.soff[j];
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             w[r] = *reinterpret_cast<const uint4 *>(wj + off[r]);
             scale[r] = *reinterpret_cast<const float *>(sj + off[r]);
         }
-#else
-        const int c = min(lane + 32 * j, x.chunks - 1);
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
-            w[r] = reinterpret_cast<const uint4 *>(at)[c];
-            scale[r] = reinterpret_cast<const float *>(at + scales_at)[x.scale[j]];
-        }
-#endif
 #pragma unroll
         for (int r = 0; r < 8; r++) {
             const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
@@ -582,15 +563,13 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             if (r < 8) {
                 const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
                 const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-                v = reinterpret_cast<const float *>(at + scales_at)[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
+                v = reinterpret_cast<const float *>(at + ((K + 15) & ~15))[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
             }
 #pragma unroll
             for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
         }
     }
-#ifdef CS_ROW_ADDR
     if (n < 8)   // (the warp's lanes alike: a full batch, the common case, skips it)
-#endif
 #pragma unroll
     for (int r = 0; r < 8; r++)
         if (r >= n) acc[r] = 0.0f;
