@@ -140,6 +140,9 @@ struct CsSmem {
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
+#ifdef CS_NORM_IDLE
+    float norm_scale;   // a normed hop's inverse RMS (cs_norm_by_last_warp)
+#endif
     float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
@@ -155,6 +158,9 @@ struct CsClsSmem {
     float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
     unsigned long long best[kCsClsWarps];
     unsigned long long landed;
+#ifdef CS_NORM_IDLE
+    float norm_scale;
+#endif
 };
 
 __device__ __forceinline__ uint32_t cs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -435,9 +441,47 @@ __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float
 // 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
 // group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm or
 // kScale). Ends with the consumers' barrier (kBlock: the block's, all kWarps of it).
+#if defined(CS_NORM_IDLE) && defined(CS_TWICE)
+#error "CS_TWICE stages x with the scale taken after the rows: not with CS_NORM_IDLE"
+#endif
+#ifdef CS_NORM_IDLE
+// (a measurement build, NOTES 173: the norm's scale made before the barrier by the last warp, which
+// stages no group where x has fewer than kWarps (after its own group where it has one): each group's
+// sum of squares by the staging's own adds and shuffles, the groups summed in cs_norm_scale's order,
+// so the same bits; into *scale_out, which every warp reads after the barrier instead of summing
+// the groups on its chain. The staging warps no longer sum squares.)
+template <int kWarps, int kMaxGroups>
+__device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const float *x, int K, float eps) {
+    const int lane = threadIdx.x % 32, G = (K + kCsGroup - 1) / kCsGroup;
+    float total = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; g++) {
+        if (g >= G) break;
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int k = g * kCsGroup + 4 * lane + i;
+            const float xk = k < K ? x[k] : 0.0f;
+            ss += xk * xk;
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
+        total += ss;
+    }
+#ifdef CS_IEEE_RCP
+    if (lane == 0) *scale_out = inv_rms_of(total, K, eps);
+#else
+    if (lane == 0) *scale_out = rsqrtf(__fdividef(total, (float)K) + eps);
+#endif
+}
+#endif
 template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4, bool kScale = true>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
-                                 float eps) {
+                                 float eps
+#ifdef CS_NORM_IDLE
+                                 , float *scale_out = nullptr
+#endif
+) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
     for (int g = warp; g < G; g += kWarps) {
         float v[4], ss = 0.0f, m = 0.0f;
@@ -457,12 +501,23 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
         for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
 #pragma unroll
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
+#ifdef CS_NORM_IDLE
+        (void)ss;
+        if (lane == 0) u[g] = step;
+    }
+    if (gamma && scale_out && warp == kWarps - 1) cs_norm_by_last_warp<kWarps, kWords * 4 / kCsGroup>(scale_out, x, K, eps);
+    if (kBlock) __syncthreads();
+    else cs_consumers_sync();
+    if (!gamma || !kScale) return 1.0f;
+    return *scale_out;
+#else
         if (lane == 0) u[g] = step, ss_out[g] = ss;
     }
     if (kBlock) __syncthreads();
     else cs_consumers_sync();
     if (!gamma || !kScale) return 1.0f;
     return cs_norm_scale(ss_out, K, eps);
+#endif
 }
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits
@@ -681,7 +736,12 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         if (pass == 0) ring.tick(14);
     }
 #else
+#ifdef CS_NORM_IDLE
+    cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps, &s->norm_scale);
+    inv_rms = h.gamma ? s->norm_scale : 1.0f;
+#else
     inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+#endif
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
@@ -700,7 +760,9 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
+#ifndef CS_NORM_IDLE
             if (batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
+#endif
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
@@ -1035,7 +1097,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     cs_cls_phase(c, 0);
+#ifdef CS_NORM_IDLE
+    const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps, &s->norm_scale);
+#else
     const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
+#endif
     CsLaneXOf<kCsFewChunks> lx;
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
