@@ -450,24 +450,28 @@ __device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float
 // sum of squares by the staging's own adds and shuffles, the groups summed in cs_norm_scale's order,
 // so the same bits; into *scale_out, which every warp reads after the barrier instead of summing
 // the groups on its chain. The staging warps no longer sum squares.)
-template <int kWarps, int kMaxGroups>
+template <int kMaxGroups>
 __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const float *x, int K, float eps) {
-    const int lane = threadIdx.x % 32, G = (K + kCsGroup - 1) / kCsGroup;
-    float total = 0.0f;
+    // (every group's loads and shuffle rounds side by side, the groups past K summing zeros: a
+    // loop that ends at K's groups ran their chains one after another, NOTES 173)
+    const int lane = threadIdx.x % 32;
+    float ss[kMaxGroups];
 #pragma unroll
     for (int g = 0; g < kMaxGroups; g++) {
-        if (g >= G) break;
-        float ss = 0.0f;
+        const int k0 = g * kCsGroup + 4 * lane;
+        const float4 v = *reinterpret_cast<const float4 *>(x + k0);   // (x holds kMaxGroups groups; past K masked)
+        const float xk[4] = {k0 < K ? v.x : 0.0f, k0 + 1 < K ? v.y : 0.0f, k0 + 2 < K ? v.z : 0.0f, k0 + 3 < K ? v.w : 0.0f};
+        ss[g] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int k = g * kCsGroup + 4 * lane + i;
-            const float xk = k < K ? x[k] : 0.0f;
-            ss += xk * xk;
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
-        total += ss;
+        for (int i = 0; i < 4; i++) ss[g] += xk[i] * xk[i];
     }
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < kMaxGroups; g++) ss[g] += __shfl_xor_sync(~0u, ss[g], o);
+    float total = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; g++) total += ss[g];
 #ifdef CS_IEEE_RCP
     if (lane == 0) *scale_out = inv_rms_of(total, K, eps);
 #else
@@ -505,7 +509,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss
         (void)ss;
         if (lane == 0) u[g] = step;
     }
-    if (gamma && scale_out && warp == kWarps - 1) cs_norm_by_last_warp<kWarps, kWords * 4 / kCsGroup>(scale_out, x, K, eps);
+    if (gamma && scale_out && warp == kWarps - 1) cs_norm_by_last_warp<kCsMaxDim / kCsGroup>(scale_out, x, K, eps);
     if (kBlock) __syncthreads();
     else cs_consumers_sync();
     if (!gamma || !kScale) return 1.0f;
