@@ -90,6 +90,9 @@ struct CsHop {
     const float *gamma;   // the norm's weights (K), or null
 };
 
+// Where a record's group scales start: after its K int8 weights padded to 16 bytes.
+__host__ __device__ inline int cs_scales_at(int K) { return (K + 15) & ~15; }
+
 static_assert(sizeof(CsHop) == 64, "a hop's fields: the layers' shared memory holds kCsMaxHops of them");
 struct CsParams {
     int n_hops, cluster, dim, q_dim, kvd, n_heads, n_kv_heads, hs, seq, vocab;
@@ -564,7 +567,7 @@ struct CsLaneXOf {
             const int c = lane + 32 * j;
             u[j] = c < full ? u_of[c / 8] : 0.0f;
             const int group = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
-            woff[j] = 16 * min(c, chunks - 1), soff[j] = ((K + 15) & ~15) + 4 * group;
+            woff[j] = 16 * min(c, chunks - 1), soff[j] = cs_scales_at(K) + 4 * group;
 #pragma unroll
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
@@ -622,7 +625,7 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             if (r < 8) {
                 const unsigned char *at = first + (size_t)min(r, n - 1) * rec;
                 const uint4 w = reinterpret_cast<const uint4 *>(at)[x.tail_c];
-                v = reinterpret_cast<const float *>(at + ((K + 15) & ~15))[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
+                v = reinterpret_cast<const float *>(at + cs_scales_at(K))[x.tail_scale] * x.tail_u * cs_dot_digits(w, x.tail_d[0], x.tail_d[1], x.tail_d[2]);
             }
 #pragma unroll
             for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
@@ -1150,7 +1153,7 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
     if (interleave) j = r & 1, r >>= 1;
     else
         while (j < 2 && r >= src.rows[j]) r -= src.rows[j], j++;
-    const int scales_at = (K + 15) & ~15, groups = src.groups[j];
+    const int scales_at = cs_scales_at(K), groups = src.groups[j];
     unsigned char *rec_out = out + (size_t)blockIdx.x * rec;
     for (int i = threadIdx.x; i < rec; i += blockDim.x) {
         unsigned char byte = 0;
@@ -1213,8 +1216,8 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
         *at += round_up(4 * K, 16);
     }
     for (int j = 0; j < n_w; j++) h.rows += c.w[j]->rows;
-    h.bias_at = bias ? round_up(K, 16) + 4 * groups : 0;
-    h.rec = round_up(K, 16) + round_up(4 * groups + (bias ? 4 : 0), 16);
+    h.bias_at = bias ? cs_scales_at(K) + 4 * groups : 0;
+    h.rec = cs_scales_at(K) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
     if (pack) {
