@@ -61,9 +61,9 @@ constexpr bool kCsTailWide = false;
 constexpr bool kCsTailWide = true;
 #endif
 // The reciprocals of values the step makes (a staged group's step and its inverse, the softmax's
-// denominator, SwiGLU's sigmoid, the norm's scale: cs_norm_scale) by the fast forms (within a few
-// ulp), without the IEEE forms' range checks and branches, which cost the hops' chains more than
-// their few ulp are worth (NOTES 153, 154). CS_IEEE_RCP, a measurement build: the IEEE forms.
+// denominator, SwiGLU's sigmoid, the norm's scale: cs_norm_by_last_warp) by the fast forms (within
+// a few ulp), without the IEEE forms' range checks and branches, which cost the hops' chains more
+// than their few ulp are worth (NOTES 153, 154). CS_IEEE_RCP, a measurement build: the IEEE forms.
 #ifdef CS_IEEE_RCP
 __device__ __forceinline__ float cs_rcp(float d) { return 1.0f / d; }
 __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
@@ -139,13 +139,11 @@ struct CsSmem {
     float res[kCsMaxDim];
     float xb[2][kCsMaxX];
     uint32_t digits[3][kCsMaxX / 4];
-    float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+    float u[kCsMaxX / kCsGroup];
     float scores[kCsMaxPos + 1];
     float rope_cos[kCsMaxHead / 2], rope_sin[kCsMaxHead / 2];   // the step's RoPE angles, pair i of a head
     int pos;
-#ifdef CS_NORM_IDLE
     float norm_scale;   // a normed hop's inverse RMS (cs_norm_by_last_warp)
-#endif
     float token[kCsMaxCluster];   // a hop's word from each block with nothing else to send
     unsigned long long full[kCsSlots], empty[kCsSlots], xbar[2];
     CsHop hops[kCsMaxHops];   // the first n_hops are copied in (the launch sizes the rest away)
@@ -158,12 +156,10 @@ struct CsClsSmem {
     unsigned char rows[kCsPreload];
     float gamma[kCsMaxDim], x[kCsMaxDim];
     uint32_t digits[3][kCsMaxX / 4];
-    float u[kCsMaxX / kCsGroup], ss[kCsMaxX / kCsGroup];
+    float u[kCsMaxX / kCsGroup];
     unsigned long long best[kCsClsWarps];
     unsigned long long landed;
-#ifdef CS_NORM_IDLE
     float norm_scale;
-#endif
 };
 
 __device__ __forceinline__ uint32_t cs_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -427,42 +423,21 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
     }
 }
 
-// The norm's inverse RMS from the staged groups' sums of squares (ss_out, K elements). A linear
-// hop takes it after its warp's first batch of products, off the chain before its rows (NOTES
-// 154); the classifier in cs_stage_digits (kScale).
-__device__ __forceinline__ float cs_norm_scale(const float *ss_out, int K, float eps) {
-    float ss = 0.0f;
-    for (int g = 0; g < (K + kCsGroup - 1) / kCsGroup; g++) ss += ss_out[g];
-#ifdef CS_IEEE_RCP
-    return inv_rms_of(ss, K, eps);
-#else
-    return rsqrtf(__fdividef(ss, (float)K) + eps);
-#endif
-}
-
-// x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
-// 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
-// group's step in u; returns the norm's inverse RMS to every consumer (1 without a norm or
-// kScale). Ends with the consumers' barrier (kBlock: the block's, all kWarps of it).
-#if defined(CS_NORM_IDLE) && defined(CS_TWICE)
-#error "CS_TWICE stages x with the scale taken after the rows: not with CS_NORM_IDLE"
-#endif
-#ifdef CS_NORM_IDLE
-// (a measurement build, NOTES 173: the norm's scale made before the barrier by the last warp, which
-// stages no group where x has fewer than kWarps (after its own group where it has one): each group's
-// sum of squares by the staging's own adds and shuffles, the groups summed in cs_norm_scale's order,
-// so the same bits; into *scale_out, which every warp reads after the barrier instead of summing
-// the groups on its chain. The staging warps no longer sum squares.)
+// The norm's inverse RMS of x (K elements) into *scale_out, by one warp: every group's sum of
+// squares side by side, x's groups past K summing zeros (x holds kMaxGroups groups), one chain of
+// shuffle rounds over all of them, then the groups summed in order. (A loop to K's groups ran
+// their chains one after another: NOTES 173.) The last warp of the staging makes it before the
+// staging's barrier: below kWarps groups it stages none of its own, so the scale costs the chain
+// after the barrier one shared-memory read, where each warp summed the groups' partial sums there
+// before (NOTES 154, 173).
 template <int kMaxGroups>
 __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const float *x, int K, float eps) {
-    // (every group's loads and shuffle rounds side by side, the groups past K summing zeros: a
-    // loop that ends at K's groups ran their chains one after another, NOTES 173)
     const int lane = threadIdx.x % 32;
     float ss[kMaxGroups];
 #pragma unroll
     for (int g = 0; g < kMaxGroups; g++) {
         const int k0 = g * kCsGroup + 4 * lane;
-        const float4 v = *reinterpret_cast<const float4 *>(x + k0);   // (x holds kMaxGroups groups; past K masked)
+        const float4 v = *reinterpret_cast<const float4 *>(x + k0);
         const float xk[4] = {k0 < K ? v.x : 0.0f, k0 + 1 < K ? v.y : 0.0f, k0 + 2 < K ? v.z : 0.0f, k0 + 3 < K ? v.w : 0.0f};
         ss[g] = 0.0f;
 #pragma unroll
@@ -481,50 +456,39 @@ __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const flo
     if (lane == 0) *scale_out = rsqrtf(__fdividef(total, (float)K) + eps);
 #endif
 }
-#endif
-template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4, bool kScale = true>
-__device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *ss_out, const float *x, int K, const float *gamma,
-                                 float eps
-#ifdef CS_NORM_IDLE
-                                 , float *scale_out = nullptr
-#endif
-) {
+
+// x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
+// 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
+// group's step in u. With gamma, the norm's inverse RMS, made by the last warp into *scale (x a
+// buffer of kCsMaxDim, K up to that), is returned to every consumer; without, 1. Ends with the
+// consumers' barrier (kBlock: the block's, all kWarps of it).
+template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4>
+__device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *scale, const float *x, int K, const float *gamma,
+                                 float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
     for (int g = warp; g < G; g += kWarps) {
-        float v[4], ss = 0.0f, m = 0.0f;
+        float v[4], m = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int k = g * kCsGroup + 4 * lane + i;
             const float xk = k < K ? x[k] : 0.0f;
-            ss += xk * xk;
             v[i] = gamma && k < K ? xk * gamma[k] : xk;
             m = fmaxf(m, fabsf(v[i]));
         }
 #pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o)), ss += __shfl_xor_sync(~0u, ss, o);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
         const float step = m > 0.0f ? cs_div127(m) : 1.0f, inv = cs_rcp(step);
         uint32_t d[3] = {0, 0, 0};
 #pragma unroll
         for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
 #pragma unroll
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
-#ifdef CS_NORM_IDLE
-        (void)ss;
         if (lane == 0) u[g] = step;
     }
-    if (gamma && scale_out && warp == kWarps - 1) cs_norm_by_last_warp<kCsMaxDim / kCsGroup>(scale_out, x, K, eps);
+    if (gamma && warp == kWarps - 1) cs_norm_by_last_warp<kCsMaxDim / kCsGroup>(scale, x, K, eps);
     if (kBlock) __syncthreads();
     else cs_consumers_sync();
-    if (!gamma || !kScale) return 1.0f;
-    return *scale_out;
-#else
-        if (lane == 0) u[g] = step, ss_out[g] = ss;
-    }
-    if (kBlock) __syncthreads();
-    else cs_consumers_sync();
-    if (!gamma || !kScale) return 1.0f;
-    return cs_norm_scale(ss_out, K, eps);
-#endif
+    return gamma ? *scale : 1.0f;
 }
 
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits
@@ -739,16 +703,11 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     ring.tick(13);
 #pragma unroll 1
     for (int pass = 0; pass < 2; pass++) {
-        inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
+        inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
         if (pass == 0) ring.tick(14);
     }
 #else
-#ifdef CS_NORM_IDLE
-    cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps, &s->norm_scale);
-    inv_rms = h.gamma ? s->norm_scale : 1.0f;
-#else
-    inv_rms = cs_stage_digits<false, kCsWarps, kCsMaxX / 4, false>(s->digits, s->u, s->ss, x, h.K, gamma, p.eps);
-#endif
+    inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
@@ -767,9 +726,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             float acc[8];
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
-#ifndef CS_NORM_IDLE
-            if (batch == 0 && h.gamma) inv_rms = cs_norm_scale(s->ss, h.K, p.eps);
-#endif
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
             float v = cs_sum8(acc) * inv_rms;
@@ -1104,11 +1060,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     cs_cls_phase(c, 0);
-#ifdef CS_NORM_IDLE
-    const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps, &s->norm_scale);
-#else
-    const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, s->ss, s->x, c.dim, s->gamma, c.eps);
-#endif
+    const float inv_rms = cs_stage_digits<true, kCsClsWarps>(s->digits, s->u, &s->norm_scale, s->x, c.dim, s->gamma, c.eps);
     CsLaneXOf<kCsFewChunks> lx;
     lx.load(s->digits, s->u, c.dim, SmallDiv(c.group_inv));
     cs_cls_phase(c, 1);
