@@ -424,14 +424,14 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
 }
 
 // The norm's inverse RMS of x (K elements) into *scale_out, by one warp: every group's sum of
-// squares side by side, x's groups past K summing zeros (x holds kMaxGroups groups), one chain of
+// squares side by side, x's groups past K summing zeros (x holds kCsMaxDim), one chain of
 // shuffle rounds over all of them, then the groups summed in order. (A loop to K's groups ran
 // their chains one after another: NOTES 173.) The last warp of the staging makes it before the
 // staging's barrier: below kWarps groups it stages none of its own, so the scale costs the chain
 // after the barrier one shared-memory read, where each warp summed the groups' partial sums there
 // before (NOTES 154, 173).
-template <int kMaxGroups>
 __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const float *x, int K, float eps) {
+    constexpr int kMaxGroups = kCsMaxDim / kCsGroup;
     const int lane = threadIdx.x % 32;
     float ss[kMaxGroups];
 #pragma unroll
@@ -485,7 +485,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
         if (lane == 0) u[g] = step;
     }
-    if (gamma && warp == kWarps - 1) cs_norm_by_last_warp<kCsMaxDim / kCsGroup>(scale, x, K, eps);
+    if (gamma && warp == kWarps - 1) cs_norm_by_last_warp(scale, x, K, eps);
     if (kBlock) __syncthreads();
     else cs_consumers_sync();
     return gamma ? *scale : 1.0f;
