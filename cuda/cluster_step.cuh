@@ -423,33 +423,29 @@ __device__ __forceinline__ void cs_put_digits(float r, int byte, uint32_t d[3]) 
     }
 }
 
-// The norm's inverse RMS of x (K elements) into *scale_out, by one warp: every group's sum of
-// squares side by side, x's groups past K summing zeros (x holds kCsMaxDim), one chain of
-// shuffle rounds over all of them, then the groups summed in order. (A loop to K's groups ran
-// their chains one after another: NOTES 173.) The last warp of the staging makes it before the
-// staging's barrier: below kWarps groups it stages none of its own, so the scale costs the chain
-// after the barrier one shared-memory read, where each warp summed the groups' partial sums there
-// before (NOTES 154, 173).
+// The norm's inverse RMS of x (K elements) into *scale_out, by one warp: each lane's elements
+// (4 a group, the groups past K not read) summed in four chains, then one chain of 5 shuffles
+// (NOTES 174; side by side sums a group ran 40 shuffles, and one group after another longer:
+// NOTES 173). The last warp of the staging makes it before the staging's barrier: below kWarps
+// groups it stages none of its own, so the scale costs the chain after the barrier one
+// shared-memory read, where each warp summed the groups' partial sums there before (NOTES 154,
+// 173).
 __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const float *x, int K, float eps) {
     constexpr int kMaxGroups = kCsMaxDim / kCsGroup;
     const int lane = threadIdx.x % 32;
-    float ss[kMaxGroups];
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int g = 0; g < kMaxGroups; g++) {
         const int k0 = g * kCsGroup + 4 * lane;
-        const float4 v = *reinterpret_cast<const float4 *>(x + k0);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (g * kCsGroup < K) v = *reinterpret_cast<const float4 *>(x + k0);
         const float xk[4] = {k0 < K ? v.x : 0.0f, k0 + 1 < K ? v.y : 0.0f, k0 + 2 < K ? v.z : 0.0f, k0 + 3 < K ? v.w : 0.0f};
-        ss[g] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) ss[g] += xk[i] * xk[i];
+        for (int i = 0; i < 4; i++) a[i] = fmaf(xk[i], xk[i], a[i]);
     }
+    float total = (a[0] + a[1]) + (a[2] + a[3]);
 #pragma unroll
-    for (int o = 16; o; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < kMaxGroups; g++) ss[g] += __shfl_xor_sync(~0u, ss[g], o);
-    float total = 0.0f;
-#pragma unroll
-    for (int g = 0; g < kMaxGroups; g++) total += ss[g];
+    for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(~0u, total, o);
 #ifdef CS_IEEE_RCP
     if (lane == 0) *scale_out = inv_rms_of(total, K, eps);
 #else
@@ -475,8 +471,10 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
             v[i] = gamma && k < K ? xk * gamma[k] : xk;
             m = fmaxf(m, fabsf(v[i]));
         }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+        // the warp's largest by one redux.sync on the bits, whose order is the floats' for m >= 0
+        // (never NaN: fmaxf from 0 drops NaNs), where 5 rounds of shuffles stood on the staging's
+        // chain (NOTES 174)
+        m = __uint_as_float(__reduce_max_sync(~0u, __float_as_uint(m)));
         const float step = m > 0.0f ? cs_div127(m) : 1.0f, inv = cs_rcp(step);
         uint32_t d[3] = {0, 0, 0};
 #pragma unroll
