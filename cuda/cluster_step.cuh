@@ -464,11 +464,17 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
     for (int g = warp; g < G; g += kWarps) {
         float v[4], m = 0.0f;
+        // x's and gamma's 4 elements a lane by one 16-byte load each (4-byte loads 16 bytes apart
+        // took four wavefronts each: NOTES 175); x and gamma hold G whole groups, so the reads
+        // past K stay in them, and their values are dropped
+        const int k0 = g * kCsGroup + 4 * lane;
+        const float4 xv = *reinterpret_cast<const float4 *>(x + k0);
+        float4 gv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+        if (gamma) gv = *reinterpret_cast<const float4 *>(gamma + k0);
+        const float xs[4] = {xv.x, xv.y, xv.z, xv.w}, gs[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int k = g * kCsGroup + 4 * lane + i;
-            const float xk = k < K ? x[k] : 0.0f;
-            v[i] = gamma && k < K ? xk * gamma[k] : xk;
+            v[i] = k0 + i < K ? (gamma ? xs[i] * gs[i] : xs[i]) : 0.0f;
             m = fmaxf(m, fabsf(v[i]));
         }
         // the warp's largest by one redux.sync on the bits, whose order is the floats' for m >= 0
@@ -764,6 +770,12 @@ __device__ __forceinline__ float4 cs_load4(const __half *k) {
 __device__ __forceinline__ float4 cs_load4(const float *k) { return *reinterpret_cast<const float4 *>(k); }
 __device__ __forceinline__ float2 cs_load2(const __half *v) { return __half22float2(*reinterpret_cast<const __half2 *>(v)); }
 __device__ __forceinline__ float2 cs_load2(const float *v) { return *reinterpret_cast<const float2 *>(v); }
+// The warp's largest of v (never NaN) by one redux.sync on its bits made signed-ordered (a
+// negative's magnitude bits flipped), where 5 rounds of shuffles stood (NOTES 175).
+__device__ __forceinline__ float cs_warp_max(float v) {
+    const int b = __float_as_int(v), top = __reduce_max_sync(~0u, b >= 0 ? b : b ^ 0x7fffffff);
+    return __int_as_float(top >= 0 ? top : top ^ 0x7fffffff);
+}
 
 // q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from unit `first`
 // on (cs_key_first): a warp's lanes take consecutive rows, and rows whose first units would share a
@@ -845,13 +857,13 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
             m = fmaxf(m, sc);
         }
         if (nth == 0) ring.tick(2);
-        m = warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
+        m = cs_warp_max(m);   // (-inf for an empty slice: its sum and parts are 0)
         if (nth == 0) ring.tick(3);
         __syncwarp();
         for (int i = 0; i < kp; i++) ring.release(base + i);
         float sum = 0.0f;
         for (int t = t0 + lane; t < t1; t += 32) {
-            const float e = expf(s->scores[t] - m);
+            const float e = __expf(s->scores[t] - m);   // (ex2.approx of x log2(e), x <= 0: NOTES 175)
             s->scores[t] = e;
             sum += e;
         }
