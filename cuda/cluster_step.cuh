@@ -337,25 +337,12 @@ struct CsRing {
 #endif
         return at(i);
     }
-#ifdef CS_WARP_RELEASE
-    // (a measurement build: one arrival a warp, by lane 0 after the warp's reads, as CUTLASS's
-    // pipelines release a stage, where every consumer thread arrives)
-    __device__ void release(int i) const {
-        __syncwarp();
-        if (threadIdx.x % 32 == 0) mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots]));
-    }
-#else
     __device__ void release(int i) const { mbar_arrive(cs_saddr(&s->empty[(base + i) % kCsSlots])); }
-#endif
 };
 // Who releases a ring slot: every consumer thread, its own reads released, as the megakernel's
 // consumers do (compute-sanitizer's racecheck reported one lane a warp releasing for the others
 // after __syncwarp: NOTES 115, 117).
-#ifdef CS_WARP_RELEASE
-constexpr int kCsReleasers = kCsWarps;
-#else
 constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's arrivals
-#endif
 
 // A linear hop's rows in this block.
 __host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
@@ -1100,17 +1087,8 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
         }
     }
     cs_cls_phase(c, 2);
-#ifdef CS_CLS_REDUX
-    {   // (a measurement build: the warp's largest key by two redux.sync, its high word and then
-        // the low word of the lanes that hold that high word, where 5 rounds of 64-bit shuffles stood)
-        const unsigned hi = __reduce_max_sync(~0u, (unsigned)(best >> 32));
-        const unsigned lo = __reduce_max_sync(~0u, (unsigned)(best >> 32) == hi ? (unsigned)best : 0u);
-        best = (unsigned long long)hi << 32 | lo;
-    }
-#else
 #pragma unroll
     for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(~0u, best, o));
-#endif
     if (lane == 0) s->best[warp] = best;
     __syncthreads();
     if (threadIdx.x == 0)
