@@ -455,9 +455,10 @@ __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const flo
 
 // x (K elements, times gamma where given) as three int8 digits a group of 128 (digits[plane][k /
 // 4], four a word; a plane kWords words), the groups dealt round the kWarps warps that stage, each
-// group's step in u. With gamma, the norm's inverse RMS, made by the last warp into *scale (x a
-// buffer of kCsMaxDim, K up to that), is returned to every consumer; without, 1. Ends with the
-// consumers' barrier (kBlock: the block's, all kWarps of it).
+// group's step in u. With gamma, the norm's inverse RMS, made by the last warp into *scale (K up
+// to kCsMaxDim), is returned to every consumer; without, 1. x and gamma must hold K's groups
+// whole: their elements past K are read and dropped. Ends with the consumers' barrier (kBlock:
+// the block's, all kWarps of it).
 template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *scale, const float *x, int K, const float *gamma,
                                  float eps) {
@@ -465,8 +466,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
     for (int g = warp; g < G; g += kWarps) {
         float v[4], m = 0.0f;
         // x's and gamma's 4 elements a lane by one 16-byte load each (4-byte loads 16 bytes apart
-        // took four wavefronts each: NOTES 175); x and gamma hold G whole groups, so the reads
-        // past K stay in them, and their values are dropped
+        // took four wavefronts each: NOTES 175)
         const int k0 = g * kCsGroup + 4 * lane;
         const float4 xv = *reinterpret_cast<const float4 *>(x + k0);
         float4 gv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
