@@ -889,11 +889,12 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         if (nth == 0) ring.tick(5);
         // the slice's weighted sum of the value rows, in runs of consecutive rows of a piece
 #ifdef CS_ATT_VSPLIT
-        // (a measurement build: heads up to 64 wide take a lane 4 dimensions, and the warp's
+        // (a measurement build: heads up to CS_ATT_VSPLIT wide (at most 64) take a lane 4 dimensions, and the warp's
         // lanes in vgroups groups of hs / 4, each group every vgroups-th position of a run, summed
         // over the groups by shuffles: a chain vgroups times shorter than a lane a pair of every
         // position's dimensions)
-        if (p.hs <= 64) {
+        static_assert(CS_ATT_VSPLIT <= 64, "a group's lanes take 4 dimensions each: heads up to 64 wide");
+        if (p.hs <= CS_ATT_VSPLIT) {
             const int L = p.hs / 4, G = L <= 4 ? 8 : L <= 8 ? 4 : 2, g = SmallDiv(p.quads_inv)(lane), c = lane - g * L;
             float4 o4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (g < G)
