@@ -696,11 +696,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     int piece = 0;
     const float *gamma = nullptr;
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
-#if CS_FIRST_WAIT == 2
-    // (a measurement build: the first piece of rows waited for beside the norm's weights, before
-    // the staging)
-    const unsigned char *first_bytes = ring.wait(piece);
-#endif
     ring.tick(1);
     CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
     float inv_rms;
@@ -720,11 +715,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
-#if CS_FIRST_WAIT == 1
-    // (a measurement build: the first piece of rows waited for before the lanes' digits' loads,
-    // not behind them)
-    const unsigned char *first_bytes = ring.wait(piece);
-#endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
@@ -733,11 +723,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch(r0);
-#if CS_FIRST_WAIT
-        const unsigned char *bytes = r0 == 0 ? first_bytes : ring.wait(piece);
-#else
         const unsigned char *bytes = ring.wait(piece);
-#endif
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
@@ -888,13 +874,12 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int i = 0; i < kp; i++) ring.wait(base + kp + i);
         if (nth == 0) ring.tick(5);
         // the slice's weighted sum of the value rows, in runs of consecutive rows of a piece
-#ifdef CS_ATT_VSPLIT
-        // (a measurement build: heads up to CS_ATT_VSPLIT wide (at most 64) take a lane 4 dimensions, and the warp's
-        // lanes in vgroups groups of hs / 4, each group every vgroups-th position of a run, summed
-        // over the groups by shuffles: a chain vgroups times shorter than a lane a pair of every
-        // position's dimensions)
-        static_assert(CS_ATT_VSPLIT <= 64, "a group's lanes take 4 dimensions each: heads up to 64 wide");
-        if (p.hs <= CS_ATT_VSPLIT) {
+        // Heads up to 64 wide: a lane 4 dimensions, the warp's lanes in G groups of L = hs / 4 (G
+        // 2, 4 or 8: as many as 32 lanes hold), each group every G-th position of a run, the
+        // groups' sums added by shuffles: a chain G times shorter than a lane a pair of every
+        // position's dimensions (NOTES 177). Wider heads: a lane a pair of dimensions, and the
+        // pair 64 dimensions on.
+        if (p.hs <= 64) {
             const int L = p.hs / 4, G = L <= 4 ? 8 : L <= 8 ? 4 : 2, g = SmallDiv(p.quads_inv)(lane), c = lane - g * L;
             float4 o4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (g < G)
@@ -921,34 +906,32 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
                 o4.z = fmaf(e_own, (float)(KV)ov[2], o4.z), o4.w = fmaf(e_own, (float)(KV)ov[3], o4.w);
                 *reinterpret_cast<float4 *>(&part[warp][4 * c]) = o4;
             }
-        } else
-#endif
-        {
-        float2 o[kCsMaxHead / 64] = {};
-        for (int t = t0, end = min(t1, P); t < end;) {
-            const int piece = piece_of(t), row = t - piece * p.per, run = min(end - t, p.per - row);
-            const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
-            const float *e = s->scores + t;
+        } else {
+            float2 o[kCsMaxHead / 64] = {};
+            for (int t = t0, end = min(t1, P); t < end;) {
+                const int piece = piece_of(t), row = t - piece * p.per, run = min(end - t, p.per - row);
+                const KV *v = reinterpret_cast<const KV *>(ring.at(base + kp + piece)) + (size_t)row * p.hs;
+                const float *e = s->scores + t;
 #pragma unroll 4
-            for (int r = 0; r < run; r++, v += p.hs) {
-                const float w = e[r];
+                for (int r = 0; r < run; r++, v += p.hs) {
+                    const float w = e[r];
 #pragma unroll
-                for (int j = 0; j < kCsMaxHead / 64; j++)
-                    if (2 * (lane + 32 * j) < p.hs) {
-                        const float2 vv = cs_load2(v + 2 * (lane + 32 * j));
-                        o[j].x = fmaf(w, vv.x, o[j].x), o[j].y = fmaf(w, vv.y, o[j].y);
-                    }
+                    for (int j = 0; j < kCsMaxHead / 64; j++)
+                        if (2 * (lane + 32 * j) < p.hs) {
+                            const float2 vv = cs_load2(v + 2 * (lane + 32 * j));
+                            o[j].x = fmaf(w, vv.x, o[j].x), o[j].y = fmaf(w, vv.y, o[j].y);
+                        }
+                }
+                t += run;
             }
-            t += run;
-        }
-        const float e_own = t0 < t1 && t1 == P + 1 ? s->scores[P] : 0.0f;   // (the slice that holds P)
+            const float e_own = t0 < t1 && t1 == P + 1 ? s->scores[P] : 0.0f;   // (the slice that holds P)
 #pragma unroll
-        for (int j = 0; j < kCsMaxHead / 64; j++) {
-            const int d = 2 * (lane + 32 * j);
-            if (d >= p.hs) continue;
-            o[j].x = fmaf(e_own, (float)(KV)own_v[d], o[j].x), o[j].y = fmaf(e_own, (float)(KV)own_v[d + 1], o[j].y);
-            *reinterpret_cast<float2 *>(&part[warp][d]) = o[j];
-        }
+            for (int j = 0; j < kCsMaxHead / 64; j++) {
+                const int d = 2 * (lane + 32 * j);
+                if (d >= p.hs) continue;
+                o[j].x = fmaf(e_own, (float)(KV)own_v[d], o[j].x), o[j].y = fmaf(e_own, (float)(KV)own_v[d + 1], o[j].y);
+                *reinterpret_cast<float2 *>(&part[warp][d]) = o[j];
+            }
         }
         if (lane == 0) part[warp][kCsMaxHead] = m, part[warp][kCsMaxHead + 1] = sum;
         __syncwarp();
@@ -961,11 +944,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         for (int w = 0; w < kCsWarps; w++) mx = fmaxf(mx, part[w][kCsMaxHead]);
 #pragma unroll
         for (int w = 0; w < kCsWarps; w++) {
-#ifdef CS_ATT_COMB_FAST
-            f[w] = __expf(part[w][kCsMaxHead] - mx);   // (a measurement build: ex2.approx, as the slices' exponentials)
-#else
-            f[w] = expf(part[w][kCsMaxHead] - mx);
-#endif
+            f[w] = __expf(part[w][kCsMaxHead] - mx);   // (ex2.approx, as the slices' exponentials: NOTES 177)
             den = fmaf(f[w], part[w][kCsMaxHead + 1], den);
         }
         const float inv = cs_rcp(den);
@@ -1086,17 +1065,11 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
 // block's argmax into the step's key; the last block out takes the token and feeds it.
 __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     if (best) atomicMax(c.best, best);
-#ifdef CS_CLS_ACQREL
-    // (a measurement build: the blocks' count by one acquire-release add, which orders this
-    // block's maximum before it and the last block's exchange after it, without the two fences)
+    // the blocks' count by one acquire-release add: it orders this block's maximum before it and
+    // the last block's exchange after it, where two fences stood (NOTES 177)
     unsigned long long done;
     asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(c.best + 1) : "memory");
     if (done != gridDim.x - 1) return;
-#else
-    __threadfence();
-    if (atomicAdd(c.best + 1, 1ull) != gridDim.x - 1) return;
-    __threadfence();
-#endif
     const int token = cs_token_of(atomicExch(c.best, 0ull)), pos = __ldcg(c.inputs);
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
