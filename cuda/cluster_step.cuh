@@ -20,7 +20,7 @@
 // A layer is five hops: q, k and v (the norm, biases, RoPE and the KV store in its epilogue), the
 // attention (a block a head), the output projection (+ the residual), w1 and w3 (the norm and
 // the SwiGLU), w2 (+ the residual). A block's weights, norm weights and the attention's earlier
-// key and value rows (none depends on the step's activations) stream through a ring of 16 KB
+// key and value rows (none depends on the step's activations) stream through a ring of 48 KB
 // slots in the hops' order, by bulk copies from one producer lane that waits for no activation.
 // A hop's x is split once by each block into three int8 digits a group of 128 (x to within about
 // 1e-7 of its group's largest element, as the megakernel's MkX); a lane keeps its 16-column chunks'
@@ -44,11 +44,11 @@ constexpr int kCsClsWarps = CS_CLS_WARPS, kCsClsThreads = 32 * kCsClsWarps;
 #define CS_MAX_CLUSTER 16
 #endif
 constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: multiples of a row's chunk
-// CS_SLOT_KB (a measurement build): the ring's slots' size in KB (16, 24, 32 or 48), their number
-// making the same 192 KB: fewer, larger pieces a hop, so fewer waits for landed pieces on a warp's
-// chain (NOTES 178).
+// CS_SLOT_KB: the ring's slots' size in KB, their number making the same 192 KB. Slots of 48 KB (4)
+// give a hop fewer, larger pieces, so each warp waits for and releases fewer of them, where slots
+// of 16 KB (12) held the larger shapes' hops back (NOTES 178; other sizes: measurement builds).
 #ifndef CS_SLOT_KB
-#define CS_SLOT_KB 16
+#define CS_SLOT_KB 48
 #endif
 static_assert(192 % CS_SLOT_KB == 0 && CS_SLOT_KB % 8 == 0, "the ring's 192 KB in whole slots of 8 KB multiples");
 constexpr int kCsSlotBytes = CS_SLOT_KB * 1024, kCsSlots = 192 / CS_SLOT_KB, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
@@ -355,11 +355,6 @@ constexpr int kCsReleasers = kCsConsumers;   // a ring slot's empty barrier's ar
 __host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
     return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block));
 }
-#ifdef CS_GAMMA_IN
-// CS_GAMMA_IN (a measurement build): a normed hop's weights share the first piece of its rows,
-// which then start this far into every piece, so that its warps wait for one piece fewer (NOTES 178).
-__host__ __device__ __forceinline__ int cs_rows_at(const CsHop &h) { return h.gamma ? (4 * h.K + 15) & ~15 : 0; }
-#endif
 
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
@@ -407,23 +402,6 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-#ifdef CS_GAMMA_IN
-        // the norm's weights at the start of the first piece of rows (every piece's rows at
-        // cs_rows_at); a block with no rows takes them alone
-        const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank), rows_at = cs_rows_at(h);
-        if (h.gamma && mine == 0) {
-            const int slot = slot_for(4 * h.K);
-            bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
-            issued(4 * i + CS_PIECE_GAMMA);
-        }
-        for (int r = 0; r < mine; r += h.rows_per_piece) {
-            const int bytes = min(h.rows_per_piece, mine - r) * h.rec, with_gamma = rows_at && r == 0;
-            const int slot = slot_for(bytes + (with_gamma ? 4 * h.K : 0));
-            if (with_gamma) bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
-            bulk_copy_counted(cs_saddr(s->ring[slot]) + rows_at, h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
-            issued(4 * i + CS_PIECE_ROWS);
-        }
-#else
         if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
@@ -435,7 +413,6 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.w + (size_t)(row0 + r) * h.rec, bytes, cs_saddr(&s->full[slot]));
             issued(4 * i + CS_PIECE_ROWS);
         }
-#endif
     }
 }
 
@@ -725,12 +702,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     }
     int piece = 0;
     const float *gamma = nullptr;
-#ifdef CS_GAMMA_IN
-    const int rows_at = cs_rows_at(h), waited = h.gamma ? 1 : 0;   // piece 0 waited for with the norm's weights
-    if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(0));
-#else
     if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
-#endif
     ring.tick(1);
     CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
     float inv_rms;
@@ -749,9 +721,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
-#ifndef CS_GAMMA_IN
     if (h.gamma) ring.release(0);
-#endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
@@ -760,11 +730,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     const uint32_t dst_at = cs_saddr(dst);
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch(r0);
-#ifdef CS_GAMMA_IN
-        const unsigned char *bytes = (piece < waited ? ring.at(piece) : ring.wait(piece)) + rows_at;
-#else
         const unsigned char *bytes = ring.wait(piece);
-#endif
         for (int b = first; b < in_piece; b += 8 * kCsWarps) {   // 8 rows a warp at once
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
@@ -1261,11 +1227,7 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.bias_at = bias ? cs_scales_at(K) + 4 * groups : 0;
     h.rec = cs_scales_at(K) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
-#ifdef CS_GAMMA_IN
-    h.rows_per_piece = (kCsSlotBytes - cs_rows_at(h)) / h.rec & ~7;
-#else
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
-#endif
     if (pack) {
         CsPackSrc src = {};
         for (int j = 0; j < n_w; j++) {
