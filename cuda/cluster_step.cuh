@@ -50,8 +50,9 @@ constexpr int kCsGroupMultiple = 16;   // the weights' group sizes it takes: mul
 #ifndef CS_SLOT_KB
 #define CS_SLOT_KB 48
 #endif
-static_assert(192 % CS_SLOT_KB == 0 && CS_SLOT_KB % 8 == 0, "the ring's 192 KB in whole slots of 8 KB multiples");
-constexpr int kCsSlotBytes = CS_SLOT_KB * 1024, kCsSlots = 192 / CS_SLOT_KB, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
+constexpr int kCsRingKB = 192;
+static_assert(kCsRingKB % CS_SLOT_KB == 0 && CS_SLOT_KB % 8 == 0, "the ring in whole slots of 8 KB multiples");
+constexpr int kCsSlotBytes = CS_SLOT_KB * 1024, kCsSlots = kCsRingKB / CS_SLOT_KB, kCsGroup = 128, kCsMaxCluster = CS_MAX_CLUSTER;
 static_assert(kCsMaxCluster == 16 || kCsMaxCluster == 8, "clusters of 16 or 8 blocks");
 constexpr int kCsMaxDim = 1024, kCsMaxX = 1536, kCsMaxPos = 512, kCsMaxHops = 160, kCsMaxHead = 128;
 // A lane's 16-column chunks of a hop's x, at most: the layers' kernel is built for 2 (x up to
