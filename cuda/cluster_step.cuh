@@ -79,14 +79,6 @@ __device__ __forceinline__ float cs_div127(float m) { return m / 127.0f; }
 __device__ __forceinline__ float cs_rcp(float d) { return __fdividef(1.0f, d); }   // (d past 2^126: 0, the sigmoid's limit)
 __device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f); }
 #endif
-// CS_GAMMA_LDG (a measurement build): a normed hop's weights loaded by each staging lane from
-// global memory (L2) before the hop's input wait, instead of a ring piece of their own (NOTES 179).
-#ifdef CS_GAMMA_LDG
-constexpr bool kCsGammaLdg = true;
-static_assert(kCsMaxDim <= kCsWarps * kCsGroup, "a normed hop's x (the model's width): a group a warp at most");
-#else
-constexpr bool kCsGammaLdg = false;
-#endif
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 // The most rows of rec bytes a classifier block holds (a batch of 8 rows all held or none).
 __host__ __device__ inline int cs_rows_held(int rec) { return kCsPreload / rec & ~7; }
@@ -411,7 +403,7 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-        if (h.gamma && !kCsGammaLdg) {
+        if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
             issued(4 * i + CS_PIECE_GAMMA);
@@ -477,7 +469,7 @@ __device__ __forceinline__ void cs_norm_by_last_warp(float *scale_out, const flo
 // the block's, all kWarps of it).
 template <bool kBlock, int kWarps = kCsWarps, int kWords = kCsMaxX / 4>
 __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *scale, const float *x, int K, const float *gamma,
-                                 float eps, const float4 *gamma_held = nullptr) {
+                                 float eps) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, G = (K + kCsGroup - 1) / kCsGroup;
     for (int g = warp; g < G; g += kWarps) {
         float v[4], m = 0.0f;
@@ -486,8 +478,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
         const int k0 = g * kCsGroup + 4 * lane;
         const float4 xv = *reinterpret_cast<const float4 *>(x + k0);
         float4 gv = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        if (gamma_held) gv = *gamma_held;   // (CS_GAMMA_LDG: this lane's, loaded before the hop's input wait)
-        else if (gamma) gv = *reinterpret_cast<const float4 *>(gamma + k0);
+        if (gamma) gv = *reinterpret_cast<const float4 *>(gamma + k0);
         const float xs[4] = {xv.x, xv.y, xv.z, xv.w}, gs[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -702,18 +693,17 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
 // lane `rank` of a warp. Returns the pieces it took.
 template <typename KV, int kChunks>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at, const float4 *gamma_held = nullptr) {
+                             uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
     if (h.idle_ranks >> rank & 1) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
-        if (!h.gamma || gamma_held) return 0;
+        if (!h.gamma) return 0;
         ring.wait(0);
         ring.release(0);
         return 1;
     }
     int piece = 0;
     const float *gamma = nullptr;
-    if (gamma_held) gamma = h.gamma;
-    else if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
+    if (h.gamma) gamma = reinterpret_cast<const float *>(ring.wait(piece++));
     ring.tick(1);
     CsLaneXOf<kChunks, kCsTailWide && kChunks == kCsChunks> lx;
     float inv_rms;
@@ -729,10 +719,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         if (pass == 0) ring.tick(14);
     }
 #else
-    inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps, gamma_held);
+    inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
-    if (h.gamma && !gamma_held) ring.release(0);
+    if (h.gamma) ring.release(0);
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
     ring.stamp_mark();
     ring.tick(3);
@@ -1011,13 +1001,6 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // the hop's fields read into registers before its input's wait, off the chain that starts
         // when the input lands (NOTES 144)
         const CsHop h = s->hops[i];
-#ifdef CS_GAMMA_LDG
-        // this lane's 4 of the norm's weights in the group its warp stages (K up to kCsMaxDim: at
-        // most one a warp), loaded before the input's wait, whose time covers their trip
-        float4 gamma_held = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-        if (h.gamma && h.kind != CS_ATTN && (int)(threadIdx.x / 32) * kCsGroup < h.K)
-            gamma_held = __ldg(reinterpret_cast<const float4 *>(h.gamma + (threadIdx.x / 32) * kCsGroup + 4 * (threadIdx.x % 32)));
-#endif
         if (i > 0) {
             cs_wait<true>(cs_saddr(&s->xbar[i & 1]), (phases >> (i & 1)) & 1, CS_AT_HOP, i);
             phases ^= 1u << (i & 1);
@@ -1048,11 +1031,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-#ifdef CS_GAMMA_LDG
-                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at, h.gamma ? &gamma_held : nullptr);
-#else
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
-#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
