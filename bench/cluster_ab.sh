@@ -4,15 +4,19 @@
 #   1. every variant built side by side, and its --cluster-step decode rate on bench.sh's synthetic
 #      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1;
 #      ROWS=none: built only);
-#   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches) against the
-#      per-matrix path's (--no-megakernel --no-cluster-step) of the tree's build;
+#   2. each variant's 200 greedy tokens of stories260K (INT8, FP16 and FP32 caches), 100 of the
+#      synthetic stories15m and SmolLM2 shape, and 40 of two wide synthetic models (576 wide: GQA
+#      3; 1,024: GQA 4, 8 groups of 128; heads of 64) against the per-matrix path's
+#      (--no-megakernel --no-cluster-step) of the tree's build;
 #   3. with TESTS="N ..." (variant numbers): those variants' GPU suite (tests/test_run_gpu
 #      --gpu-only --quick models, linked with the variant's kernels: make tune-test-variant);
 #   4. with TRACE="N ...": those variants built again with CS_TRACE, and the cluster step's trace
 #      of one step (each kind of hop's phases, each warp's ticks) on the same two synthetic models;
-#   5. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over the short generation
-#      with --cluster-step of each variant in SANITIZE (variant numbers; unset: all, empty: none),
-#      JOBS (default 6) runs side by side, each at most TIMEOUT seconds (default 240).
+#   5. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over a short generation
+#      with --cluster-step of each variant in SANITIZE (variant numbers; unset: all, empty: none)
+#      on each of SAN_MODELS (default "stories260K wide576 wide1024"; 6 tokens, the wide models 3:
+#      racecheck of the 1,024-wide one at 6 ran past 250 s), JOBS (default 6) runs side by side,
+#      each at most TIMEOUT seconds (default 240).
 # Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
 # Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
@@ -23,6 +27,9 @@ for v in ${TESTS:-} ${TRACE:-} ${SANITIZE:-}; do   # variant numbers: 1 (the tre
     case $v in *[!0-9]*) n=0 ;; *) n=$v ;; esac
     [ "$n" -ge 1 ] && [ "$n" -le $(($# + 1)) ] ||
         { echo "cluster_ab.sh: TESTS, TRACE and SANITIZE name variants 1 to $(($# + 1)), got \"$v\"" >&2; exit 2; }
+done
+for sm in ${SAN_MODELS-stories260K wide576 wide1024}; do
+    case $sm in stories260K | wide576 | wide1024) ;; *) echo "cluster_ab.sh: SAN_MODELS names stories260K, wide576 and wide1024, got \"$sm\"" >&2; exit 2 ;; esac
 done
 for knob in "JOBS=${JOBS:-6}" "TIMEOUT=${TIMEOUT:-240}"; do   # whole numbers above 0
     case ${knob#*=} in '' | *[!0-9]* | 0) echo "cluster_ab.sh: ${knob%%=*} must be a whole number above 0, got \"${knob#*=}\"" >&2; exit 2 ;; esac
@@ -73,13 +80,32 @@ text() {   # variant, cache flag: its --cluster-step text equals the per-matrix 
     [ -f "$tune/ref$2.txt" ] && "$tune/$1/run" $m -z $T -n 200 -t 0 --cluster-step $2 > "$tune/cs.txt" 2> "$tune/cs.err" &&
         grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$tune/ref$2.txt" "$tune/cs.txt"
 }
-sanitize() {   # variant, tool: its log in $tune/san_<variant>_<tool>.log, its status in .rc
-    extra=; [ "$2" = synccheck ] && extra="--num-cuda-barriers 64"
-    rc=0
-    timeout "${TIMEOUT:-240}" "$CS" --tool "$2" $extra --error-exitcode 9 "$tune/$1/run" $m -z $T -n 6 -t 0 --cluster-step \
-        > "$tune/san_$1_$2.log" 2>&1 < /dev/null || rc=$?
-    if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$tune/san_$1_$2.log"; then rc=8; fi
-    echo $rc > "$tune/san_$1_$2.rc"
+sanitize() {   # variant, model (SAN_MODELS), tool: its log in $tune/san_<variant>_<model>_<tool>.log, its status in .rc
+    extra=; [ "$3" = synccheck ] && extra="--num-cuda-barriers 64"
+    case $2 in stories260K) f=$m len=6 ;; wide576) f=$wide576 len=3 ;; *) f=$wide1024 len=3 ;; esac
+    log=$tune/san_$1_$2_$3 rc=0
+    timeout "${TIMEOUT:-240}" "$CS" --tool "$3" $extra --error-exitcode 9 "$tune/$1/run" "$f" -z $T -n $len -t 0 --cluster-step \
+        > "$log.log" 2>&1 < /dev/null || rc=$?
+    if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards" "$log.log"; then rc=8; fi
+    echo $rc > "$log.rc"
+}
+out=bench/out
+. bench/lib.sh   # synth
+# The synthetic models: name, checkpoint, tokenizer, tokens. The wide ones (vocabulary 512) take
+# tok512.bin.
+wide576=$(synth 576,1536,2,9,3,512,64) wide1024=$(synth 1024,1536,2,16,4,512,64)
+synthetic="stories15m|$(synth stories15m)|tokenizer.bin|100 smollm2|$(synth smollm2-135m)|tokenizer.bin|100
+           wide576|$wide576|$T|40 wide1024|$wide1024|$T|40"
+for spec in $synthetic; do   # the per-matrix path's texts of the tree's build, once (ref_<name>.txt)
+    IFS='|' read -r name f tok len <<EOS
+$spec
+EOS
+    "$tune/1/run" "$f" -z "$tok" -p "Once upon a time" -n "$len" -t 0 --no-megakernel --no-cluster-step \
+        > "$tune/ref_$name.txt" 2> /dev/null || rm -f "$tune/ref_$name.txt"
+done
+synth_text() {   # variant, name, checkpoint, tokenizer, tokens: its --cluster-step text the per-matrix path's
+    [ -f "$tune/ref_$2.txt" ] && "$tune/$1/run" "$3" -z "$4" -p "Once upon a time" -n "$5" -t 0 --cluster-step > "$tune/cs.txt" 2> "$tune/cs.err" &&
+        grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$tune/ref_$2.txt" "$tune/cs.txt"
 }
 n=0
 for defs in "" "$@"; do
@@ -87,6 +113,13 @@ for defs in "" "$@"; do
     for kv in "" --kv-fp32; do
         st=0; text $n "$kv" || st=1
         verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
+    done
+    for spec in $synthetic; do
+        IFS='|' read -r name f tok len <<EOS
+$spec
+EOS
+        st=0; synth_text $n "$name" "$f" "$tok" "$len" || st=1
+        verdict "variant $n (${defs:-as it is}) text $name, $len tokens" $st
     done
 done
 if [ -n "${TESTS:-}" ]; then
@@ -100,8 +133,6 @@ if [ -n "${TESTS:-}" ]; then
     done
 fi
 if [ -n "${TRACE:-}" ]; then
-    out=bench/out
-    . bench/lib.sh   # synth
     for n in $TRACE; do
         for model in stories15m smollm2-135m; do
             echo "trace of variant $n ($(label_of "$@")), $model:"
@@ -112,20 +143,25 @@ if [ -n "${TRACE:-}" ]; then
 fi
 sanitized=${SANITIZE-$(seq $(($# + 1)))}
 jobs=0
+san_models=${SAN_MODELS-stories260K wide576 wide1024}
 for n in $sanitized; do
-    for tool in ${TOOLS:-racecheck memcheck synccheck}; do
-        sanitize $n $tool &
-        jobs=$((jobs + 1))
-        [ $((jobs % ${JOBS:-6})) -eq 0 ] && wait
+    for model in $san_models; do
+        for tool in ${TOOLS:-racecheck memcheck synccheck}; do
+            sanitize $n $model $tool &
+            jobs=$((jobs + 1))
+            [ $((jobs % ${JOBS:-6})) -eq 0 ] && wait
+        done
     done
 done
 wait
 for n in $sanitized; do
     defs=$(defs_of "$@")
-    for tool in ${TOOLS:-racecheck memcheck synccheck}; do
-        rc=$(cat "$tune/san_${n}_$tool.rc")
-        verdict "variant $n (${defs:-as it is}) $tool$([ "$rc" = 124 ] && echo ", timed out")" "$rc"
-        [ "$rc" -eq 0 ] || grep -E "^=========" "$tune/san_${n}_$tool.log" | head -6
+    for model in $san_models; do
+        for tool in ${TOOLS:-racecheck memcheck synccheck}; do
+            log=$tune/san_${n}_${model}_$tool rc=$(cat "$tune/san_${n}_${model}_$tool.rc")
+            verdict "variant $n (${defs:-as it is}) $tool, $model$([ "$rc" = 124 ] && echo ", timed out")" "$rc"
+            [ "$rc" -eq 0 ] || grep -E "^=========" "$log.log" | head -6
+        done
     done
 done
 echo "$pass passed, $fail failed, 0 skipped"
