@@ -15,8 +15,8 @@
 #   5. compute-sanitizer (TOOLS, default racecheck memcheck synccheck) over a short generation
 #      with --cluster-step of each variant in SANITIZE (variant numbers; unset: all, empty: none)
 #      on each of SAN_MODELS (default "stories260K wide576 wide1024"; 6 tokens, the wide models 3:
-#      racecheck of the 1,024-wide one at 6 ran past 250 s), JOBS (default 6) runs side by side,
-#      each at most TIMEOUT seconds (default 240).
+#      racecheck of the 1,024-wide one at 6 ran past its timeout, bench/NOTES.md 179), JOBS (default
+#      6) runs side by side, each at most TIMEOUT seconds (default 240).
 # Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
 # Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
