@@ -96,10 +96,13 @@ out=bench/out
 wide576=$(synth 576,1536,2,9,3,512,64) wide1024=$(synth 1024,1536,2,16,4,512,64)
 synthetic="stories15m|$(synth stories15m)|tokenizer.bin|100 smollm2|$(synth smollm2-135m)|tokenizer.bin|100
            wide576|$wide576|$T|40 wide1024|$wide1024|$T|40"
-for spec in $synthetic; do   # the per-matrix path's texts of the tree's build, once (ref_<name>.txt)
+fields() {   # a spec of $synthetic: name, f (checkpoint), tok (tokenizer), len (tokens)
     IFS='|' read -r name f tok len <<EOS
-$spec
+$1
 EOS
+}
+for spec in $synthetic; do   # the per-matrix path's texts of the tree's build, once (ref_<name>.txt)
+    fields "$spec"
     "$tune/1/run" "$f" -z "$tok" -p "Once upon a time" -n "$len" -t 0 --no-megakernel --no-cluster-step \
         > "$tune/ref_$name.txt" 2> /dev/null || rm -f "$tune/ref_$name.txt"
 done
@@ -115,9 +118,7 @@ for defs in "" "$@"; do
         verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
     done
     for spec in $synthetic; do
-        IFS='|' read -r name f tok len <<EOS
-$spec
-EOS
+        fields "$spec"
         st=0; synth_text $n "$name" "$f" "$tok" "$len" || st=1
         verdict "variant $n (${defs:-as it is}) text $name, $len tokens" $st
     done
