@@ -252,7 +252,7 @@ test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
 	CLI_ONLY=1 QUICK=1 RUN="$(VG) tests/vg/run" QUANTIZE="$(VG) tests/vg/quantize" sh tests/run_tests.sh
 
 # The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
-# (memcheck, racecheck, initcheck, synccheck); on the GPU machine. No host sanitizer here.
+# (memcheck, racecheck, initcheck, synccheck); on a machine with a GPU. No host sanitizer here.
 obj/plain/%.o: engine/%.c $(HEADERS)
 	@mkdir -p obj/plain
 	$(CC) $(CFLAGS) $(GPU_DEFS) -O2 -g -c $< -o $@

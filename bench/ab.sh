@@ -1,5 +1,5 @@
 #!/bin/sh
-# A/B of two builds of run on the GPU machine, row by row in one run: each row runs A, then B,
+# A/B of two builds of run on a machine with a GPU, row by row in one run: each row runs A, then B,
 # then A and B again, on the same synthetic checkpoints (made as bench/bench.sh makes them), and
 # prints both decode rates, and whether the greedy texts of A and B are identical.
 # Usage: sh bench/ab.sh A B     (A, B: paths of run binaries; QUANTIZE: the quantize to use)

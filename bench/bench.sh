@@ -1,5 +1,5 @@
 #!/bin/sh
-# End-to-end decode benchmark on the GPU machine: synthetic checkpoints with real shapes (random
+# End-to-end decode benchmark on a machine with a GPU: synthetic checkpoints with real shapes (random
 # weights), batch 1, greedy, one run per row. Bytes per token = weights (and scales) as the path
 # holds them + the KV cache the decode steps actually read (mean over the steps); effective GB/s =
 # that x tokens/s, against the H200's 4480 GB/s.

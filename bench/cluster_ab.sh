@@ -1,6 +1,6 @@
 #!/bin/sh
 # The cluster step's measurement builds (cuda/cluster_step.cuh's CS_... options) against the
-# tree's build, all in one run on the GPU machine:
+# tree's build, all in one run on a machine with a GPU:
 #   1. every variant built side by side, and its --cluster-step decode rate on bench.sh's synthetic
 #      stories15m and SmolLM2 shape, PASSES rounds (bench/tune.sh; the tree's build is variant 1;
 #      ROWS=none: built only);
@@ -18,7 +18,7 @@
 #      racecheck of the 1,024-wide one at 6 ran past its timeout, bench/NOTES.md 179), JOBS (default
 #      6) runs side by side, each at most TIMEOUT seconds (default 240).
 # Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
-# Usage (GPU machine, models/stories260K.bin and models/tok512.bin present: make models):
+# Usage (a machine with a GPU, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
 #   TRACE=1 SANITIZE= sh bench/cluster_ab.sh            (no variants: the tree's build alone)
 set -eu

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Nsight Compute on one fused and one unfused layer of a 7B shape (default 4096 x 11008, the w2
-# layer), on the GPU machine: DRAM bytes read and written and DRAM throughput for each kernel, so
+# layer), on a machine with a GPU: DRAM bytes read and written and DRAM throughput for each kernel, so
 # the traffic fusion saves is measured, not asserted; then the fused kernel's issue and stall
 # profile. Usage: bench/ncu.sh [N K]
 #   bench/ncu.sh step [MODEL]: one launch of a decode step's kernel (KERNEL, a regex, default the

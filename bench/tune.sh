@@ -4,7 +4,7 @@
 # builds run once per variant, side by side, each into bench/out/tune/<n>/run, then decodes
 # synthetic checkpoints with every variant in turn, row by row, each row PASSES times, and says
 # where a variant's greedy text differs from the first variant's.
-# Usage (GPU machine):
+# Usage (a machine with a GPU):
 #   sh bench/tune.sh "" "-DMK_IN_FLIGHT=2" "-DQ8_TMA_STAGES=2 -DQ8_TMA_BLOCKS=4"     ("": as it is)
 # ROWS (default 7b): any of 7b, 7b-4096 (a prompt of about 3,400 tokens decoded to 4096),
 # tinyllama, stories15m, smollm2; PASSES (default 2); FLAGS (run's, default "-t 0").
