@@ -13,11 +13,17 @@
 //   gather, fused   as gather, each thread sending the outputs it makes (no block barrier
 //             between making and sending)
 //   gather, one warp   as fused, by one warp of each block: no block barrier at all
+//   reduce    S of the 16 blocks each send their whole partial of D to every block by one bulk
+//             reduce-add copy a block (cp.reduce.async.bulk, shared::cta to shared::cluster), in
+//             fixed point (64-bit words, or 32), which the copy engine adds into the receiver's
+//             accumulator: no sums by the receiver, exact in any order; the other blocks add 16
+//             bytes of zeros to each, so that every block takes part in every round
 // Prints ns a round: (the time of 3000 rounds - that of 1000) / 2000, each the median of 5
 // launches timed by events, so that the launch and the first round are left out. A wait that has
 // not ended after about 2 s prints which and traps, so the launch fails instead of hanging.
 // make bench/exchange_probe && ./bench/exchange_probe
 #include <cstdint>
+#include <cmath>
 #include <cstdio>
 
 #include "../kernels.cu"   // the cluster step's PTX wrappers (cs_send, cs_try_cluster, ...): one translation unit
@@ -26,14 +32,20 @@
 namespace xp {
 
 constexpr int kC = 16, kThreads = 256, kMaxD = 1024, kShareMax = kMaxD / kC;
-enum Form { GATHER, SCATTER, ALL, GATHER_FUSED, GATHER_WARP };
+enum Form { GATHER, SCATTER, ALL, GATHER_FUSED, GATHER_WARP, REDUCE64, REDUCE32 };
 
 struct Smem {
     float in[2][kMaxD];                  // a round's gathered input (round parity)
     float part[2][kC][kShareMax];        // scatter: the sources' partials of this block's slice
     float all[2][kC][kMaxD];             // all: every block's whole partial
-    unsigned long long bar[2], pbar[2];  // in's and all's barrier; part's
+    long long acc[2][kMaxD];             // reduce: the sum of the round's partials (fixed point; REDUCE32 its first half as 32-bit words)
+    long long mine[2][kMaxD];            // reduce: this block's partial, the copy's source (round parity: a source is rewritten
+                                         // two rounds on, after every copy that read it has landed)
+    long long zeros[2];                  // reduce: what a block without a partial adds
+    unsigned long long bar[2], pbar[2];  // in's, all's and acc's barrier; part's
 };
+// reduce's fixed point: a value v is the word v * 2^kFix (64-bit) or v * 2^kFix32 (32-bit).
+constexpr float kFix = 4294967296.0f, kFix32 = 65536.0f;
 
 __device__ __forceinline__ void send1(uint32_t a, uint32_t bar, int rank, float v) { cs_send(a, bar, rank, v); }
 __device__ __forceinline__ void send4(uint32_t a, uint32_t bar, int rank, float4 v) { cs_send4(a, bar, rank, v.x, v.y, v.z, v.w); }
@@ -82,6 +94,57 @@ __device__ void send_slices(const float *src, int D, float *dst, uint32_t bar) {
     }
 }
 
+// One bulk reduce-add of `bytes` from this block's src into block `rank`'s dst (both shared,
+// 16-byte aligned), counted towards that block's barrier bar as a copy's bytes are.
+template <bool k64>
+__device__ __forceinline__ void reduce_into(uint32_t dst, const void *src, int bytes, uint32_t bar, int rank) {
+    if (k64)
+        asm volatile("cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.add.u64 [%0], [%1], %2, [%3];" ::"r"(
+                         cs_remote(dst, rank)),
+                     "r"(cs_saddr(src)), "r"(bytes), "r"(cs_remote(bar, rank))
+                     : "memory");
+    else
+        asm volatile("cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.add.u32 [%0], [%1], %2, [%3];" ::"r"(
+                         cs_remote(dst, rank)),
+                     "r"(cs_saddr(src)), "r"(bytes), "r"(cs_remote(bar, rank))
+                     : "memory");
+}
+
+// This block's partial (mine[from], written by its threads) added into every block's acc[to] by
+// one copy each from threads 0-15 (a block that is not one of the S senders adds 16 bytes of zeros).
+template <bool k64>
+__device__ void reduce_send(Smem *s, int from, int to, int D, int S, int rank) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // the generic writes, before the copies read or add to them
+    __syncthreads();
+    if (threadIdx.x < kC) {
+        const uint32_t dst = cs_saddr(s->acc[to]), bar = cs_saddr(&s->bar[to]);
+        if (rank < S) reduce_into<k64>(dst, s->mine[from], D * (k64 ? 8 : 4), bar, threadIdx.x);
+        else reduce_into<k64>(dst, s->zeros, 16, bar, threadIdx.x);
+    }
+}
+// v in reduce's fixed point, at mine[b][i].
+template <bool k64>
+__device__ __forceinline__ void put_mine(Smem *s, int b, int i, float v) {
+    if (k64) s->mine[b][i] = __float2ll_rn(v * kFix);
+    else reinterpret_cast<int *>(s->mine[b])[i] = __float2int_rn(v * kFix32);
+}
+
+// reduce's round r (b = r & 1): the accumulated input read and zeroed, this block's partial
+// (each sender: input / S + 0.001, so that the sum grows slowly and stays in range) written in
+// fixed point and sent.
+template <bool k64>
+__device__ void reduce_round(Smem *s, int b, int D, int S, int rank) {
+    long long *acc = s->acc[b];
+    int *acc32 = reinterpret_cast<int *>(acc);
+    for (int i = threadIdx.x; i < D; i += kThreads) {
+        const float v = k64 ? (float)acc[i] * (1.0f / kFix) : (float)acc32[i] * (1.0f / kFix32);
+        if (k64) acc[i] = 0;
+        else acc32[i] = 0;
+        put_mine<k64>(s, b, i, v / S + 0.001f);
+    }
+    reduce_send<k64>(s, b, b ^ 1, D, S, rank);
+}
+
 // Gather's round made and sent by the same threads (`threads` of them from thread 0): each makes
 // the outputs it sends, 4 a send where the slice allows it, so that no barrier stands between.
 __device__ void gather_fused(Smem *s, int b, int D, int first, int share, int threads) {
@@ -109,18 +172,29 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
     Smem *s = reinterpret_cast<Smem *>(smem_raw);
     __shared__ __align__(16) float out[kMaxD];
     const int rank = cs_rank(), share = D / kC, first = rank * share;
-    const int in_bytes = f == ALL ? kC * D * 4 : D * 4, part_bytes = S * share * 4;
+    const bool reduce = f == REDUCE64 || f == REDUCE32;
+    const int in_bytes = f == ALL ? kC * D * 4 : reduce ? S * D * (f == REDUCE64 ? 8 : 4) + (kC - S) * 16 : D * 4, part_bytes = S * share * 4;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2; i++) mbar_init(cs_saddr(&s->bar[i])), mbar_init(cs_saddr(&s->pbar[i]));
         mbar_init_fence();
         mbar_arrive_expect(cs_saddr(&s->bar[0]), in_bytes);
     }
     for (int i = threadIdx.x; i < D; i += kThreads) out[i] = 1.0f + 0.001f * (i % 7);
+    for (int i = threadIdx.x; i < 2 * kMaxD; i += kThreads) s->acc[i / kMaxD][i % kMaxD] = 0;
+    if (threadIdx.x < 2) s->zeros[threadIdx.x] = 0;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     cs_cluster_sync();   // every block's barriers initialised before any sends
     // round 0's input: every block's starting outputs
     __syncthreads();
     if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, cs_saddr(&s->bar[0]), -1);
-    else send_run(out + first, s->in[0], first, share, cs_saddr(&s->bar[0]), -1);
+    else if (reduce) {   // round 0's input: the starting outputs / S from each sender
+        for (int i = threadIdx.x; i < D; i += kThreads) {
+            if (f == REDUCE64) put_mine<true>(s, 1, i, out[i] / S);
+            else put_mine<false>(s, 1, i, out[i] / S);
+        }
+        if (f == REDUCE64) reduce_send<true>(s, 1, 0, D, S, rank);
+        else reduce_send<false>(s, 1, 0, D, S, rank);
+    } else send_run(out + first, s->in[0], first, share, cs_saddr(&s->bar[0]), -1);
     const bool one_warp = f == GATHER_WARP;
     for (int r = 0; r < rounds && !(one_warp && threadIdx.x >= 32); r++) {
         const int b = r & 1;
@@ -131,7 +205,11 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
             mbar_arrive_expect(cs_saddr(&s->bar[b ^ 1]), in_bytes);
             if (f == SCATTER) mbar_arrive_expect(cs_saddr(&s->pbar[b]), part_bytes);
         }
-        if (f == GATHER_FUSED || one_warp) {
+        if (f == REDUCE64) {
+            reduce_round<true>(s, b, D, S, rank);
+        } else if (f == REDUCE32) {
+            reduce_round<false>(s, b, D, S, rank);
+        } else if (f == GATHER_FUSED || one_warp) {
             gather_fused(s, b, D, first, share, one_warp ? 32 : kThreads);
         } else if (f == GATHER) {   // its slice of the next input from this one
             for (int i = threadIdx.x; i < share; i += kThreads) out[first + i] = 0.5f * (s->in[b][first + i] + s->in[b][(first + i + 1) % D]);
@@ -163,7 +241,11 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
         }
     }
     if (!(one_warp && threadIdx.x >= 32)) wait(cs_saddr(&s->bar[rounds & 1]), (rounds >> 1) & 1, rounds, cta);
-    if (threadIdx.x == 0 && rank == 0) *sink = f == ALL ? s->all[rounds & 1][0][0] : s->in[rounds & 1][0];
+    if (threadIdx.x == 0 && rank == 0)
+        *sink = f == ALL        ? s->all[rounds & 1][0][0]
+                : f == REDUCE64 ? (float)s->acc[rounds & 1][0] / kFix
+                : f == REDUCE32 ? (float)reinterpret_cast<int *>(s->acc[rounds & 1])[0] / kFix32
+                                : s->in[rounds & 1][0];
     cs_cluster_sync();   // no block leaves while another may still send into it
 }
 
@@ -207,11 +289,25 @@ int main() {
         {SCATTER, 576, 9, true, "scatter from 9 blocks, D 576, cta-scope waits"},
         {ALL, 288, 16, false, "all from 16 blocks, D 288"},
         {ALL, 576, 16, false, "all from 16 blocks, D 576"},
+        {REDUCE64, 288, 16, false, "reduce, 64-bit, from 16 blocks, D 288"},
+        {REDUCE64, 576, 16, false, "reduce, 64-bit, from 16 blocks, D 576"},
+        {REDUCE64, 1024, 16, false, "reduce, 64-bit, from 16 blocks, D 1024"},
+        {REDUCE64, 288, 6, false, "reduce, 64-bit, from 6 blocks, D 288 (stories15m's heads)"},
+        {REDUCE64, 576, 9, false, "reduce, 64-bit, from 9 blocks, D 576 (the SmolLM2 shape's heads)"},
+        {REDUCE32, 288, 16, false, "reduce, 32-bit, from 16 blocks, D 288"},
+        {REDUCE32, 576, 16, false, "reduce, 32-bit, from 16 blocks, D 576"},
+        {REDUCE32, 1024, 16, false, "reduce, 32-bit, from 16 blocks, D 1024"},
     };
     for (const Case &c : cases) {
         const float a = time_rounds(c.f, c.D, c.S, c.cta, 1000, sink), b = time_rounds(c.f, c.D, c.S, c.cta, 3000, sink);
         if (a < 0.0f || b < 0.0f) return 1;
         printf("  %-58s %8.1f ns a round (1000 rounds %.3f ms, 3000 %.3f ms)\n", c.what, (b - a) * 1e6f / 2000.0f, a, b);
+        if (c.f == REDUCE64 || c.f == REDUCE32) {   // the sum's first element after 3000 rounds: 1 + 3000 x 0.001 S (less the roundings)
+            float got = 0.0f;
+            CK(cudaMemcpy(&got, sink, sizeof got, cudaMemcpyDeviceToHost));
+            const float want = 1.0f + 3000 * 0.001f * c.S;
+            printf("  %-58s first output %.4f, %.4f expected%s\n", "", got, want, !(fabsf(got - want) <= 0.01f * want) ? " (WRONG)" : "");
+        }
     }
     CK(cudaFree(sink));
     return 0;
