@@ -44,7 +44,7 @@ struct Smem {
     long long zeros[2];                  // reduce: what a block without a partial adds
     unsigned long long bar[2], pbar[2];  // in's, all's and acc's barrier; part's
 };
-// reduce's fixed point: a value v is the word v * 2^kFix (64-bit) or v * 2^kFix32 (32-bit).
+// reduce's fixed point: a value v is the word v x kFix (2^32, 64-bit words) or v x kFix32 (2^16, 32-bit).
 constexpr float kFix = 4294967296.0f, kFix32 = 65536.0f;
 
 __device__ __forceinline__ void send1(uint32_t a, uint32_t bar, int rank, float v) { cs_send(a, bar, rank, v); }
