@@ -71,15 +71,18 @@ pass=0 fail=0
 verdict() {   # what, status (0: passed)
     if [ "$2" -eq 0 ]; then echo "PASS $1"; pass=$((pass + 1)); else echo "FAIL $1"; fail=$((fail + 1)); fi
 }
-# The per-matrix path's text of the tree's build, once a cache (ref.txt, ref--kv-fp32.txt; absent
-# where that run failed, so that every variant's text then fails).
-for kv in "" --kv-fp32; do
-    "$tune/1/run" $m -z $T -n 200 -t 0 --no-megakernel --no-cluster-step $kv > "$tune/ref$kv.txt" 2> /dev/null || rm -f "$tune/ref$kv.txt"
-done
-text() {   # variant, cache flag: its --cluster-step text equals the per-matrix path's
-    [ -f "$tune/ref$2.txt" ] && "$tune/$1/run" $m -z $T -n 200 -t 0 --cluster-step $2 > "$tune/cs.txt" 2> "$tune/cs.err" &&
-        grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$tune/ref$2.txt" "$tune/cs.txt"
+# The per-matrix path's text of the tree's build, once (in ref; absent where that run failed, so
+# that every variant's text then fails), and whether a variant's --cluster-step text equals it.
+reference() {   # ref, run's arguments
+    ref=$1; shift
+    "$tune/1/run" "$@" -t 0 --no-megakernel --no-cluster-step > "$ref" 2> /dev/null || rm -f "$ref"
 }
+same_text() {   # variant, ref, run's arguments
+    v=$1 ref=$2; shift 2
+    [ -f "$ref" ] && "$tune/$v/run" "$@" -t 0 --cluster-step > "$tune/cs.txt" 2> "$tune/cs.err" &&
+        grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$ref" "$tune/cs.txt"
+}
+for kv in "" --kv-fp32; do reference "$tune/ref$kv.txt" $m -z $T -n 200 $kv; done
 sanitize() {   # variant, model (SAN_MODELS), tool: its log in $tune/san_<variant>_<model>_<tool>.log, its status in .rc
     extra=; [ "$3" = synccheck ] && extra="--num-cuda-barriers 64"
     case $2 in stories260K) f=$m len=6 ;; wide576) f=$wide576 len=3 ;; *) f=$wide1024 len=3 ;; esac
@@ -101,25 +104,20 @@ fields() {   # a spec of $synthetic: name, f (checkpoint), tok (tokenizer), len 
 $1
 EOS
 }
-for spec in $synthetic; do   # the per-matrix path's texts of the tree's build, once (ref_<name>.txt)
+for spec in $synthetic; do
     fields "$spec"
-    "$tune/1/run" "$f" -z "$tok" -p "Once upon a time" -n "$len" -t 0 --no-megakernel --no-cluster-step \
-        > "$tune/ref_$name.txt" 2> /dev/null || rm -f "$tune/ref_$name.txt"
+    reference "$tune/ref_$name.txt" "$f" -z "$tok" -p "Once upon a time" -n "$len"
 done
-synth_text() {   # variant, name, checkpoint, tokenizer, tokens: its --cluster-step text the per-matrix path's
-    [ -f "$tune/ref_$2.txt" ] && "$tune/$1/run" "$3" -z "$4" -p "Once upon a time" -n "$5" -t 0 --cluster-step > "$tune/cs.txt" 2> "$tune/cs.err" &&
-        grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$tune/ref_$2.txt" "$tune/cs.txt"
-}
 n=0
 for defs in "" "$@"; do
     n=$((n + 1))
     for kv in "" --kv-fp32; do
-        st=0; text $n "$kv" || st=1
+        st=0; same_text $n "$tune/ref$kv.txt" $m -z $T -n 200 $kv || st=1
         verdict "variant $n (${defs:-as it is}) text ${kv:-fp16 cache}" $st
     done
     for spec in $synthetic; do
         fields "$spec"
-        st=0; synth_text $n "$name" "$f" "$tok" "$len" || st=1
+        st=0; same_text $n "$tune/ref_$name.txt" "$f" -z "$tok" -p "Once upon a time" -n "$len" || st=1
         verdict "variant $n (${defs:-as it is}) text $name, $len tokens" $st
     done
 done
@@ -159,7 +157,8 @@ for n in $sanitized; do
     defs=$(defs_of "$@")
     for model in $san_models; do
         for tool in ${TOOLS:-racecheck memcheck synccheck}; do
-            log=$tune/san_${n}_${model}_$tool rc=$(cat "$tune/san_${n}_${model}_$tool.rc")
+            log=$tune/san_${n}_${model}_$tool
+            rc=$(cat "$log.rc")
             verdict "variant $n (${defs:-as it is}) $tool, $model$([ "$rc" = 124 ] && echo ", timed out")" "$rc"
             [ "$rc" -eq 0 ] || grep -E "^=========" "$log.log" | head -6
         done
