@@ -145,6 +145,13 @@ __device__ void reduce_round(Smem *s, int b, int D, int S, int rank) {
     reduce_send<k64>(s, b, b ^ 1, D, S, rank);
 }
 
+// reduce's round 0 input: the starting outputs / S from each sender (as round -1's partial, mine[1]).
+template <bool k64>
+__device__ void reduce_first(Smem *s, const float *out, int D, int S, int rank) {
+    for (int i = threadIdx.x; i < D; i += kThreads) put_mine<k64>(s, 1, i, out[i] / S);
+    reduce_send<k64>(s, 1, 0, D, S, rank);
+}
+
 // Gather's round made and sent by the same threads (`threads` of them from thread 0): each makes
 // the outputs it sends, 4 a send where the slice allows it, so that no barrier stands between.
 __device__ void gather_fused(Smem *s, int b, int D, int first, int share, int threads) {
@@ -187,14 +194,9 @@ __global__ void __launch_bounds__(kThreads, 1) exchange_kernel(int f, int D, int
     // round 0's input: every block's starting outputs
     __syncthreads();
     if (f == ALL) send_run(out, &s->all[0][rank][0], 0, D, cs_saddr(&s->bar[0]), -1);
-    else if (reduce) {   // round 0's input: the starting outputs / S from each sender
-        for (int i = threadIdx.x; i < D; i += kThreads) {
-            if (f == REDUCE64) put_mine<true>(s, 1, i, out[i] / S);
-            else put_mine<false>(s, 1, i, out[i] / S);
-        }
-        if (f == REDUCE64) reduce_send<true>(s, 1, 0, D, S, rank);
-        else reduce_send<false>(s, 1, 0, D, S, rank);
-    } else send_run(out + first, s->in[0], first, share, cs_saddr(&s->bar[0]), -1);
+    else if (f == REDUCE64) reduce_first<true>(s, out, D, S, rank);
+    else if (f == REDUCE32) reduce_first<false>(s, out, D, S, rank);
+    else send_run(out + first, s->in[0], first, share, cs_saddr(&s->bar[0]), -1);
     const bool one_warp = f == GATHER_WARP;
     for (int r = 0; r < rounds && !(one_warp && threadIdx.x >= 32); r++) {
         const int b = r & 1;
