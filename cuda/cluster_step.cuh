@@ -785,6 +785,12 @@ __device__ __forceinline__ float cs_warp_max(float v) {
     return __int_as_float(top >= 0 ? top : top ^ 0x7fffffff);
 }
 
+// The step's own position's weight in a warp's slice of the positions [t0, t1): its exponential
+// where the slice holds P (the last, t1 == P + 1), else 0; its value row is the step's own.
+__device__ __forceinline__ float cs_own_weight(const float *scores, int t0, int t1, int P) {
+    return t0 < t1 && t1 == P + 1 ? scores[P] : 0.0f;
+}
+
 // q . k over a key row (hs elements, 4 a load), the row's 4-element units taken from unit `first`
 // on (cs_key_first): a warp's lanes take consecutive rows, and rows whose first units would share a
 // bank (every kBanks / gcd(hs / 4, kBanks)-th, kBanks the units a wavefront of 128 bytes holds)
@@ -907,7 +913,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
                 o4.x += __shfl_down_sync(~0u, o4.x, sh * L), o4.y += __shfl_down_sync(~0u, o4.y, sh * L);
                 o4.z += __shfl_down_sync(~0u, o4.z, sh * L), o4.w += __shfl_down_sync(~0u, o4.w, sh * L);
             }
-            const float e_own = t0 < t1 && t1 == P + 1 ? s->scores[P] : 0.0f;   // (the slice that holds P)
+            const float e_own = cs_own_weight(s->scores, t0, t1, P);
             if (lane < L) {
                 const float *ov = own_v + 4 * c;
                 o4.x = fmaf(e_own, (float)(KV)ov[0], o4.x), o4.y = fmaf(e_own, (float)(KV)ov[1], o4.y);
@@ -932,7 +938,7 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
                 }
                 t += run;
             }
-            const float e_own = t0 < t1 && t1 == P + 1 ? s->scores[P] : 0.0f;   // (the slice that holds P)
+            const float e_own = cs_own_weight(s->scores, t0, t1, P);
 #pragma unroll
             for (int j = 0; j < kCsMaxHead / 64; j++) {
                 const int d = 2 * (lane + 32 * j);
