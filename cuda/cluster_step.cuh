@@ -68,6 +68,10 @@ constexpr bool kCsTailWide = false;
 #else
 constexpr bool kCsTailWide = true;
 #endif
+// CS_NO_MATH, a measurement build (wrong results): 1, a linear hop's rows' products not made
+// (every output 0; the ring's pieces still waited for and released, the outputs still sent);
+// 2, x not normed or staged either. What is left is the hops' structure: the hand-overs, the
+// ring, the epilogues, the sends and the attention.
 // The reciprocals of values the step makes (a staged group's step and its inverse, the softmax's
 // denominator, SwiGLU's sigmoid, the norm's scale: cs_norm_by_last_warp) by the fast forms (within
 // a few ulp), without the IEEE forms' range checks and branches, which cost the hops' chains more
@@ -718,12 +722,17 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
         inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
         if (pass == 0) ring.tick(14);
     }
+#elif CS_NO_MATH >= 2
+    inv_rms = 1.0f;   // (a measurement build: x neither normed nor staged)
+    (void)gamma;
 #else
     inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
+#if !(CS_NO_MATH >= 2)
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
+#endif
     ring.stamp_mark();
     ring.tick(3);
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
@@ -736,7 +745,12 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
+#ifdef CS_NO_MATH
+            for (int q = 0; q < 8; q++) acc[q] = 0.0f;   // (a measurement build: the rows' products not made)
+            (void)lx;
+#else
             cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+#endif
             if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
