@@ -71,7 +71,7 @@ constexpr bool kCsTailWide = true;
 // CS_NO_MATH, a measurement build (wrong results): 1, a linear hop's rows' products not made
 // (every output 0; the ring's pieces still waited for and released, the outputs still sent);
 // 2, x not normed or staged either. What is left is the hops' structure: the hand-overs, the
-// ring, the epilogues, the sends and the attention.
+// ring, the epilogues, the sends and the attention (bench/NOTES.md 185).
 // The reciprocals of values the step makes (a staged group's step and its inverse, the softmax's
 // denominator, SwiGLU's sigmoid, the norm's scale: cs_norm_by_last_warp) by the fast forms (within
 // a few ulp), without the IEEE forms' range checks and branches, which cost the hops' chains more
