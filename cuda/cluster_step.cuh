@@ -517,7 +517,7 @@ struct CsLaneXOf {
     uint4 d[kChunks][3];
     float u[kChunks];
     int chunks;
-    int full;   // the chunks that cs_rows8 takes a lane a chunk of every row (kTail: below)
+    int full;   // the chunks that cs_rows takes a lane a chunk of every row (kTail: below)
     // (kTail: when the chunks past the last full pass over the lanes are t <= 4, a pass of a lane
     // a chunk would leave 32 - t lanes idle; instead lane l < 8t takes the one (row, chunk) item
     // (l / t, full + l % t) of the warp's 8 rows; its chunk's digits, step and scale)
@@ -566,34 +566,36 @@ __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
 }
 
-// This lane's part of up to 8 rows' products (n rows, records rec bytes apart from first, in
-// shared or global memory) into acc. Every load of a chunk's 8 rows is asked for before its
-// arithmetic, with no branch between them (rows past n read row n - 1's bytes, a lane past K its
-// row's last chunk, both times 0 or dropped), so that the rows' latencies overlap (NOTES 115, 117).
-template <class LaneX>
-__device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[8]) {
+// This lane's part of up to kRows rows' products (8, or 4: cs_resid_rows4; n rows, records rec
+// bytes apart from first, in shared or global memory) into acc. Every load of a chunk's rows is
+// asked for before its arithmetic, with no branch between them (rows past n read row n - 1's
+// bytes, a lane past K its row's last chunk, both times 0 or dropped), so that the rows' latencies
+// overlap (NOTES 115, 117).
+template <int kRows = 8, class LaneX>
+__device__ __forceinline__ void cs_rows(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[kRows]) {
+    static_assert(kRows == 8 || (kRows == 4 && !LaneX::kTailItems), "batches of 8 rows, or of 4 without tail items");
 #pragma unroll
-    for (int r = 0; r < 8; r++) acc[r] = 0.0f;
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;
     // each row's offset once a batch by adds (rows past n at row n - 1's), the lane's offsets to
     // its chunk and to its scale from CsLaneXOf::load: one add an address (NOTES 172)
-    int off[8];
+    int off[kRows];
     off[0] = 0;
     const int last = (n - 1) * rec;
 #pragma unroll
-    for (int r = 1; r < 8; r++) off[r] = min(off[r - 1] + rec, last);
+    for (int r = 1; r < kRows; r++) off[r] = min(off[r - 1] + rec, last);
 #pragma unroll
     for (int j = 0; j < LaneX::kMaxChunks; j++) {
         if (32 * j >= x.full) break;   // (the warp's lanes alike)
-        uint4 w[8];
-        float scale[8];
+        uint4 w[kRows];
+        float scale[kRows];
         const unsigned char *wj = first + x.woff[j], *sj = first + x.soff[j];
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
+        for (int r = 0; r < kRows; r++) {
             w[r] = *reinterpret_cast<const uint4 *>(wj + off[r]);
             scale[r] = *reinterpret_cast<const float *>(sj + off[r]);
         }
 #pragma unroll
-        for (int r = 0; r < 8; r++) {
+        for (int r = 0; r < kRows; r++) {
             const float sum = cs_dot_digits(w[r], x.d[j][0], x.d[j][1], x.d[j][2]);
             acc[r] += scale[r] * x.u[j] * sum;
         }
@@ -611,9 +613,9 @@ __device__ __forceinline__ void cs_rows8(const unsigned char *first, int rec, in
             for (int q = 0; q < 8; q++) acc[q] += q == r ? v : 0.0f;
         }
     }
-    if (n < 8)   // (the warp's lanes alike: a full batch, the common case, skips it)
+    if (n < kRows)   // (the warp's lanes alike: a full batch, the common case, skips it)
 #pragma unroll
-    for (int r = 0; r < 8; r++)
+    for (int r = 0; r < kRows; r++)
         if (r >= n) acc[r] = 0.0f;
 }
 
@@ -657,12 +659,14 @@ __device__ __forceinline__ float cs_qkv_epilogue(const CsParams &p, const CsSmem
     return out;
 }
 
-// The first of this warp's batches of 8 rows in a piece that starts at row r0 of the block's rows:
+// The first of this warp's batches of kRows rows in a piece that starts at row r0 of the block's rows:
 // a hop's batches dealt round the warps across its pieces (a slot holds 8 to 48 rows: dealt a
 // piece at a time, the first warps would do all the work of the long rows).
+template <int kRows = 8>
 __device__ __forceinline__ int cs_first_batch(int r0) {
     static_assert((kCsWarps & (kCsWarps - 1)) == 0, "the warps a power of two (r0 >= 0: the modulo as a mask)");
-    return 8 * ((threadIdx.x / 32 - (r0 >> 3)) & (kCsWarps - 1));
+    static_assert(kRows == 8 || kRows == 4, "batches of 8 or 4 rows");
+    return kRows * ((threadIdx.x / 32 - (r0 >> (kRows == 8 ? 3 : 2))) & (kCsWarps - 1));
 }
 
 // The warp's 8 rows' outputs (lanes 4q..4q+3 hold row first + q's; n of them are rows) sent to
@@ -690,6 +694,72 @@ __device__ __forceinline__ void cs_share_rows8(uint32_t dst_at, uint32_t bar_at,
         if (!pairs) cs_send(dst_at + 4 * (first + q), bar_at, lane, o);
         else if (!(q & 1)) cs_send(dst_at + 4 * ((first + q) / 2), bar_at, lane, o);
     }
+}
+
+// A residual hop whose block has at most 4 rows a warp (stories15m's output projection and w2: 24
+// rows, 3 batches of 8 on 3 of the 8 warps) takes batches of 4 rows, so that 6 warps each run a
+// chain half as long (bench/NOTES.md 187). Two-chunk form only (no tail items). CS_NO_ROWS4, a
+// measurement build: batches of 8 there too.
+// Sums acc[r] over the warp's lanes for 4 rows: on return lanes 8r..8r+7 hold row r's.
+__device__ __forceinline__ float cs_sum4(const float acc[4]) {
+    const int lane = threadIdx.x % 32;
+    float a2[2];
+    const bool b16 = lane & 16, b8 = lane & 8;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float keep = b16 ? acc[i + 2] : acc[i], send = b16 ? acc[i] : acc[i + 2];
+        a2[i] = keep + __shfl_xor_sync(~0u, send, 16);
+    }
+    float v = (b8 ? a2[1] : a2[0]) + __shfl_xor_sync(~0u, b8 ? a2[0] : a2[1], 8);
+    v += __shfl_xor_sync(~0u, v, 4);
+    v += __shfl_xor_sync(~0u, v, 2);
+    return v + __shfl_xor_sync(~0u, v, 1);
+}
+// The warp's 4 rows' outputs (lanes 8q..8q+7 hold row first + q's; n of them are rows) sent to
+// every block's dst, as cs_share_rows8 (no pairs: residual hops only).
+__device__ __forceinline__ void cs_share_rows4(uint32_t dst_at, uint32_t bar_at, float out, int first, int n, int cluster) {
+    const int lane = threadIdx.x % 32;
+    float o[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) o[q] = __shfl_sync(~0u, out, 8 * q);
+    if (lane >= cluster) return;
+    if (n >= 4) {   // first a multiple of 4: one 16-byte send
+        cs_send4(dst_at + 4 * first, bar_at, lane, o[0], o[1], o[2], o[3]);
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (q < n) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
+}
+// cs_linear_hop's loop over a residual hop's pieces in batches of 4 rows.
+template <class LaneX>
+__device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing &ring, const LaneX &lx, float inv_rms, int piece,
+                              uint32_t dst_at, uint32_t bar_at, int cluster) {
+    const int lane = threadIdx.x % 32, row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
+    int batch = 0;
+    for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
+        const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch<4>(r0);
+        const unsigned char *bytes = ring.wait(piece);
+        for (int b = first; b < in_piece; b += 4 * kCsWarps) {
+            if (batch == 0) ring.tick(4);
+            float acc[4];
+            cs_rows<4>(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            if (batch == 0) ring.tick(5);
+            const int r = lane / 8, row = row0 + r0 + b + r;
+            const bool valid = b + r < in_piece;
+            float v = cs_sum4(acc) * inv_rms;
+            if (batch == 0) ring.tick(6);
+            if (h.bias_at && valid) v += *reinterpret_cast<const float *>(bytes + (size_t)(b + r) * h.rec + h.bias_at);
+            const float out = valid ? s->res[row] + v : 0.0f;
+            if (batch == 0) ring.tick(7);
+            cs_share_rows4(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, cluster);
+            if (batch == 0) ring.tick(8);
+            batch++;
+        }
+        __syncwarp();
+        ring.release(piece);
+    }
+    return piece;
 }
 
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
@@ -738,6 +808,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
     int batch = 0;   // the warp's batches so far (CS_TRACE ticks its first three)
     const int row0 = rank * h.rows_per_block, mine = cs_mine(h, rank);
     const uint32_t dst_at = cs_saddr(dst);
+#ifndef CS_NO_ROWS4
+    if constexpr (!decltype(lx)::kTailItems)
+        if (h.kind == CS_RESID && h.rows_per_block <= 4 * kCsWarps) return cs_resid_rows4(h, s, rank, ring, lx, inv_rms, piece, dst_at, bar_at, p.cluster);
+#endif
     for (int r0 = 0; r0 < mine; r0 += h.rows_per_piece, piece++) {
         const int in_piece = min(h.rows_per_piece, mine - r0), first = cs_first_batch(r0);
         const unsigned char *bytes = ring.wait(piece);
@@ -749,7 +823,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             for (int q = 0; q < 8; q++) acc[q] = 0.0f;   // (a measurement build: the rows' products not made)
             (void)lx;
 #else
-            cs_rows8(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+            cs_rows(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
 #endif
             if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
@@ -1145,7 +1219,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
         const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
         float acc[8];
-        cs_rows8(first, c.rec, min(8, mine - b), c.dim, lx, acc);
+        cs_rows(first, c.rec, min(8, mine - b), c.dim, lx, acc);
         const float v = cs_sum8(acc) * inv_rms;
         const int row = b + lane / 4;
         if (lane % 4 == 0 && row < mine) {
