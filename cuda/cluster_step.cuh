@@ -731,7 +731,8 @@ __device__ __forceinline__ void cs_share_rows4(uint32_t dst_at, uint32_t bar_at,
     for (int q = 0; q < 4; q++)
         if (q < n) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
 }
-// cs_linear_hop's loop over a residual hop's pieces in batches of 4 rows.
+// cs_linear_hop's loop over a residual hop's pieces in batches of 4 rows. (Its own function: one
+// loop templated on the batch's rows for both made slower code: bench/NOTES.md 188.)
 template <class LaneX>
 __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing &ring, const LaneX &lx, float inv_rms, int piece,
                               uint32_t dst_at, uint32_t bar_at, int cluster) {

@@ -2217,6 +2217,22 @@ static void test_gpu_random_models(void) {
                  c->n_heads / c->n_kv_heads);
         compare_executors(label, q8, 70, 7, 0);
     }
+    // the cluster step's classifier at groups wider than 32: x 928 wide (58 chunks of 16: a second
+    // pass over the lanes; 15 groups of 64, the last 32) over 26,003 rows, more than a classifier
+    // block holds in shared memory (on 116 blocks: 232 rows a block, 200 held, 32 read from global
+    // memory; the last block with rows 19 of them); stories15m's 288 (the last group 32 of 128)
+    // over 3,001 rows; groups of 192 (not a multiple of 128, x's digits' groups) on x 448 wide
+    const struct {
+        Config c;
+        int gs;
+    } cls[] = {{LLAMA2C_CONFIG(928, 96, 1, 29, 1, 26003, 80), 64}, {LLAMA2C_CONFIG(288, 96, 2, 6, 6, 3001, 80), 128},
+               {LLAMA2C_CONFIG(448, 96, 2, 7, 7, 3001, 80), 192}};
+    for (size_t i = 0; i < sizeof cls / sizeof cls[0]; i++) {
+        char label[96], *fp32 = tpath("c32.bin"), *q8 = tpath("c8.bin");
+        random_model_files(cls[i].c, 0, cls[i].gs, 0, fp32, q8, NULL);
+        snprintf(label, sizeof label, "random model dim %d, vocabulary %d, int8 gs%d", cls[i].c.dim, cls[i].c.vocab_size, cls[i].gs);
+        compare_executors(label, q8, 70, 7, 0);
+    }
     // a vocabulary of 70,001: the megakernel's classifier in units of at most 256 rows, up to three
     // a block (over 132 blocks)
     Config vocab = LLAMA2C_CONFIG(64, 96, 2, 4, 2, 70001, 80);
