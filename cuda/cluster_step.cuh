@@ -744,7 +744,12 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
         for (int b = first; b < in_piece; b += 4 * kCsWarps) {
             if (batch == 0) ring.tick(4);
             float acc[4];
+#ifdef CS_NO_MATH
+            for (int q = 0; q < 4; q++) acc[q] = 0.0f;   // (a measurement build: the rows' products not made)
+            (void)lx;
+#else
             cs_rows<4>(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
+#endif
             if (batch == 0) ring.tick(5);
             const int r = lane / 8, row = row0 + r0 + b + r;
             const bool valid = b + r < in_piece;
