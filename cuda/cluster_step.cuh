@@ -1224,16 +1224,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     unsigned long long best = 0;
     for (int b = 8 * warp; b < mine; b += 8 * kCsClsWarps) {
         float acc[8];
-#ifdef CS_CLS_LDS
-        // (a measurement build: the held rows through a pointer the compiler knows is shared
-        // memory, so that their loads are LDS, as the layers' rows' are; the tree's single call
-        // takes a pointer that may be global and loads all rows by generic loads)
+        // two calls, so that the held rows come through a pointer the compiler knows is shared
+        // memory (LDS, 32-bit addresses) and the others through a global one (LDG): one call on a
+        // pointer that may be either loads every row by generic loads, more slowly (NOTES 190)
         if (b < held) cs_rows(s->rows + (size_t)b * c.rec, c.rec, min(8, mine - b), c.dim, lx, acc);
         else cs_rows(c.w + (size_t)(row0 + b) * c.rec, c.rec, min(8, mine - b), c.dim, lx, acc);
-#else
-        const unsigned char *first = b < held ? s->rows + (size_t)b * c.rec : c.w + (size_t)(row0 + b) * c.rec;
-        cs_rows(first, c.rec, min(8, mine - b), c.dim, lx, acc);
-#endif
         const float v = cs_sum8(acc) * inv_rms;
         const int row = b + lane / 4;
         if (lane % 4 == 0 && row < mine) {
