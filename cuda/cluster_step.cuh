@@ -731,6 +731,17 @@ __device__ __forceinline__ void cs_share_rows4(uint32_t dst_at, uint32_t bar_at,
     for (int q = 0; q < 4; q++)
         if (q < n) cs_send(dst_at + 4 * (first + q), bar_at, lane, o[q]);
 }
+// A linear hop's batch of rows (cs_rows), the one place CS_NO_MATH leaves their products out, so
+// that every loop over a hop's batches takes it; the classifier's rows are not a hop's and keep them.
+template <int kRows, class LaneX>
+__device__ __forceinline__ void cs_hop_rows(const unsigned char *first, int rec, int n, int K, const LaneX &x, float acc[kRows]) {
+#ifdef CS_NO_MATH
+    for (int r = 0; r < kRows; r++) acc[r] = 0.0f;   // (a measurement build: the rows' products not made)
+    (void)first, (void)rec, (void)n, (void)K, (void)x;
+#else
+    cs_rows<kRows>(first, rec, n, K, x, acc);
+#endif
+}
 // cs_linear_hop's loop over a residual hop's pieces in batches of 4 rows. (Its own function: one
 // loop templated on the batch's rows for both made slower code: bench/NOTES.md 188.)
 template <class LaneX>
@@ -744,12 +755,7 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
         for (int b = first; b < in_piece; b += 4 * kCsWarps) {
             if (batch == 0) ring.tick(4);
             float acc[4];
-#ifdef CS_NO_MATH
-            for (int q = 0; q < 4; q++) acc[q] = 0.0f;   // (a measurement build: the rows' products not made)
-            (void)lx;
-#else
-            cs_rows<4>(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-#endif
+            cs_hop_rows<4>(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
             const int r = lane / 8, row = row0 + r0 + b + r;
             const bool valid = b + r < in_piece;
@@ -825,12 +831,7 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             if (batch == 0) ring.tick(4);
             else if (batch < 3) ring.tick(13 + 2 * batch);
             float acc[8];
-#ifdef CS_NO_MATH
-            for (int q = 0; q < 8; q++) acc[q] = 0.0f;   // (a measurement build: the rows' products not made)
-            (void)lx;
-#else
-            cs_rows(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
-#endif
+            cs_hop_rows<8>(bytes + (size_t)b * h.rec, h.rec, in_piece - b, h.K, lx, acc);
             if (batch == 0) ring.tick(5);
             const int r = lane / 4, row = row0 + r0 + b + r;   // the row this lane's sum is
             const bool valid = b + r < in_piece;
