@@ -141,6 +141,10 @@ struct CsClsParams {
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
+#ifdef CS_EMB_PREFETCH
+    const unsigned char *emb, *emb_scales;   // CsParams' embedding (emb_q or emb_f) and its group scales (emb_s, or null)
+    int emb_row_bytes, emb_used_bytes, emb_scale_bytes;   // a row's stride, its elements' bytes, its scales' bytes
+#endif
 };
 
 // cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
@@ -304,12 +308,19 @@ constexpr int kCsClsPhases = 4;
 // when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
 // instruction had been issued; then what the piece is: 4 * its hop + its kind (CS_PIECE_...).
 constexpr int kCsTracePieces = 4096, kCsPieceStamps = 5;
+// CS_TRACE's last two words, after the pieces: the step before's token fed (n_hops + 4 of the
+// launch before, copied by the layers' block 0 once its PDL wait has returned) and %globaltimer at
+// the layers' block 0's entry: the boundary between two steps.
+__host__ __device__ inline size_t cs_boundary_at(int n_hops, int cluster);
 enum { CS_PIECE_GAMMA, CS_PIECE_ROWS, CS_PIECE_BOX, kCsPieceKinds };
 // Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
 __host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
     return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
 }
 __host__ __device__ inline size_t cs_pieces_at(int n_hops, int cluster) { return cs_phases_at(n_hops, cluster) + kCsClsPhases; }
+__host__ __device__ inline size_t cs_boundary_at(int n_hops, int cluster) {
+    return cs_pieces_at(n_hops, cluster) + (size_t)kCsPieceStamps * kCsTracePieces;
+}
 
 // The ring as the consumers walk it: the block's piece n in slot n % kCsSlots, phase n / kCsSlots.
 struct CsRing {
@@ -499,7 +510,11 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
         for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
 #pragma unroll
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
+#ifdef CS_DOT_IMAD
+        if (lane == 0) u[g] = step * (1.0f / 254.0f);   // (cs_dot_digits' sums are 254 times the chunk's)
+#else
         if (lane == 0) u[g] = step;
+#endif
     }
     if (gamma && warp == kWarps - 1) cs_norm_by_last_warp(scale, x, K, eps);
     if (kBlock) __syncthreads();
@@ -554,17 +569,27 @@ struct CsLaneXOf {
     }
 };
 
-__device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
-    int a = __dp4a((int)w.x, (int)d.x, 0);
+__device__ __forceinline__ int cs_dot4(uint4 w, uint4 d, int a0 = 0) {
+    int a = __dp4a((int)w.x, (int)d.x, a0);
     a = __dp4a((int)w.y, (int)d.y, a);
     a = __dp4a((int)w.z, (int)d.z, a);
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
+#ifdef CS_DOT_IMAD
+// CS_DOT_IMAD, a measurement build: a chunk of a row (16 int8 weights) times x's chunk as its three
+// digits, 254 x sum w . x / step (cs_stage_digits' steps carry the 1 / 254): the two leading
+// digits' products summed in one integer (at most 16 x 127 x 127 x 255 in size, under 2^31) and
+// converted once, one conversion and one float op fewer a chunk than the default's.
+__device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
+    return (float)cs_dot4(w, d1, cs_dot4(w, d0) * 254) + (float)cs_dot4(w, d2) * (1.0f / 254.0f);
+}
+#else
 // A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
 __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
 }
+#endif
 
 // This lane's part of up to kRows rows' products (8, or 4: cs_resid_rows4; n rows, records rec
 // bytes apart from first, in shared or global memory) into acc. Every load of a chunk's rows is
@@ -1094,6 +1119,9 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     const bool stamp = p.trace && rank == 0 && threadIdx.x == 0;
     pdl_wait();   // the step's inputs: the step before's classifier, or the host's copy
     if (stamp) cs_stamp(p.trace, 0);
+#ifdef CS_TRACE
+    if (stamp) p.trace[cs_boundary_at(p.n_hops, p.cluster)] = p.trace[p.n_hops + 4];
+#endif
     cs_embed(p, s);
     if (stamp) cs_stamp(p.trace, 1);
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
@@ -1154,6 +1182,9 @@ __global__ void __launch_bounds__(kCsThreads, 1) cs_layers_kernel(const __grid_c
     extern __shared__ __align__(128) unsigned char cs_smem[];
     CsSmem *s = reinterpret_cast<CsSmem *>(cs_smem);
     const int rank = cs_rank();
+#ifdef CS_TRACE
+    if (p.trace && rank == 0 && threadIdx.x == 0) p.trace[cs_boundary_at(p.n_hops, p.cluster) + 1] = cs_now();
+#endif
     pdl_release();   // the classifier's blocks may start copying their rows
     const int words = p.n_hops * (int)sizeof(CsHop) / 4;
     for (int i = threadIdx.x; i < words; i += kCsThreads) reinterpret_cast<int *>(s->hops)[i] = __ldg(reinterpret_cast<const int *>(p.hops) + i);
@@ -1183,6 +1214,14 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
+#ifdef CS_EMB_PREFETCH
+    // CS_EMB_PREFETCH, a measurement build: the token's embedding row (and its scales) asked of L2
+    // now, so that the next step's first loads, after this grid's end, find it there
+    const unsigned char *row = c.emb + (size_t)token * c.emb_row_bytes;
+    for (int at = 0; at < c.emb_used_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at));
+    if (c.emb_scales)
+        for (int at = 0; at < c.emb_scale_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c.emb_scales + (size_t)token * c.emb_scale_bytes + at));
+#endif
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
@@ -1573,8 +1612,14 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
+#ifdef CS_EMB_PREFETCH
+    c->c.emb = p.emb_q ? (const unsigned char *)p.emb_q : (const unsigned char *)p.emb_f;
+    c->c.emb_scales = p.emb_q ? (const unsigned char *)p.emb_s : NULL;
+    c->c.emb_row_bytes = p.emb_q ? p.emb_stride : 4 * p.emb_stride, c->c.emb_used_bytes = p.emb_q ? p.dim : 4 * p.dim;
+    c->c.emb_scale_bytes = 4 * p.emb_groups;
+#endif
 #ifdef CS_TRACE
-    const size_t trace_words = cs_pieces_at(p.n_hops, p.cluster) + kCsPieceStamps * kCsTracePieces;   // the stamps, ticks, phases and pieces
+    const size_t trace_words = cs_boundary_at(p.n_hops, p.cluster) + 2;   // the stamps, ticks, phases, pieces and the boundary
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(p.trace, 0, trace_words * sizeof(unsigned long long), g->stream));
     c->c.trace = p.trace + p.n_hops + 3, c->c.phases = p.trace + cs_phases_at(p.n_hops, p.cluster);
@@ -1692,6 +1737,12 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             "lane's loaded %.2f, warp 0's rows %.2f, the block's rows and argmax %.2f; from there to the token fed (by the last "
             "block out) %.2f\n",
             since(t[n + 3], ph[0]), since(ph[0], ph[1]), since(ph[1], ph[2]), since(ph[2], ph[3]), since(ph[3], t[n + 4]));
+    unsigned long long edge[2];   // the step before's token fed, the layers' entry
+    CUDA_CHECK(cudaMemcpy(edge, c->p.trace + cs_boundary_at(n, c->p.cluster), sizeof(edge), cudaMemcpyDeviceToHost));
+    if (edge[0])
+        fprintf(stderr, "cluster step trace, between steps (us): the step before's token fed to the layers' PDL wait done %.2f (their "
+                "block 0 entered %.2f before the token), then the embedding %.2f\n", since(edge[0], t[0]), since(edge[1], edge[0]),
+                since(t[0], t[1]));
     cs_ticks_report(c, hops);
 }
 #endif
