@@ -126,6 +126,9 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
+#ifdef CS_CLS_COPY_AFTER
+    unsigned long long *started;   // the steps whose layers have passed their PDL wait (block 0 adds 1)
+#endif
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -141,9 +144,9 @@ struct CsClsParams {
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
-#ifdef CS_EMB_PREFETCH
-    const unsigned char *emb, *emb_scales;   // CsParams' embedding (emb_q or emb_f) and its group scales (emb_s, or null)
-    int emb_row_bytes, emb_used_bytes, emb_scale_bytes;   // a row's stride, its elements' bytes, its scales' bytes
+#ifdef CS_CLS_COPY_AFTER
+    const unsigned long long *started;   // CsParams::started
+    unsigned long long launch;           // this step's launch, from 1: its layers make *started this
 #endif
 };
 
@@ -510,11 +513,7 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
         for (int i = 0; i < 4; i++) cs_put_digits(v[i] * inv, i, d);
 #pragma unroll
         for (int pl = 0; pl < 3; pl++) digits[pl][g * 32 + lane] = d[pl];
-#ifdef CS_DOT_IMAD
-        if (lane == 0) u[g] = step * (1.0f / 254.0f);   // (cs_dot_digits' sums are 254 times the chunk's)
-#else
         if (lane == 0) u[g] = step;
-#endif
     }
     if (gamma && warp == kWarps - 1) cs_norm_by_last_warp(scale, x, K, eps);
     if (kBlock) __syncthreads();
@@ -569,27 +568,17 @@ struct CsLaneXOf {
     }
 };
 
-__device__ __forceinline__ int cs_dot4(uint4 w, uint4 d, int a0 = 0) {
-    int a = __dp4a((int)w.x, (int)d.x, a0);
+__device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
+    int a = __dp4a((int)w.x, (int)d.x, 0);
     a = __dp4a((int)w.y, (int)d.y, a);
     a = __dp4a((int)w.z, (int)d.z, a);
     return __dp4a((int)w.w, (int)d.w, a);
 }
 
-#ifdef CS_DOT_IMAD
-// CS_DOT_IMAD, a measurement build: a chunk of a row (16 int8 weights) times x's chunk as its three
-// digits, 254 x sum w . x / step (cs_stage_digits' steps carry the 1 / 254): the two leading
-// digits' products summed in one integer (at most 16 x 127 x 127 x 255 in size, under 2^31) and
-// converted once, one conversion and one float op fewer a chunk than the default's.
-__device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
-    return (float)cs_dot4(w, d1, cs_dot4(w, d0) * 254) + (float)cs_dot4(w, d2) * (1.0f / 254.0f);
-}
-#else
 // A chunk of a row (16 int8 weights) times x's chunk as its three digits: sum w . x / step.
 __device__ __forceinline__ float cs_dot_digits(uint4 w, uint4 d0, uint4 d1, uint4 d2) {
     return (float)cs_dot4(w, d0) + (float)cs_dot4(w, d1) * (1.0f / 254.0f) + (float)cs_dot4(w, d2) * (1.0f / (254.0f * 254.0f));
 }
-#endif
 
 // This lane's part of up to kRows rows' products (8, or 4: cs_resid_rows4; n rows, records rec
 // bytes apart from first, in shared or global memory) into acc. Every load of a chunk's rows is
@@ -1122,6 +1111,9 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
 #ifdef CS_TRACE
     if (stamp) p.trace[cs_boundary_at(p.n_hops, p.cluster)] = p.trace[p.n_hops + 4];
 #endif
+#ifdef CS_CLS_COPY_AFTER
+    if (rank == 0 && threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(p.started) : "memory");
+#endif
     cs_embed(p, s);
     if (stamp) cs_stamp(p.trace, 1);
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
@@ -1214,14 +1206,6 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
-#ifdef CS_EMB_PREFETCH
-    // CS_EMB_PREFETCH, a measurement build: the token's embedding row (and its scales) asked of L2
-    // now, so that the next step's first loads, after this grid's end, find it there
-    const unsigned char *row = c.emb + (size_t)token * c.emb_row_bytes;
-    for (int at = 0; at < c.emb_used_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at));
-    if (c.emb_scales)
-        for (int at = 0; at < c.emb_scale_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c.emb_scales + (size_t)token * c.emb_scale_bytes + at));
-#endif
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
@@ -1242,6 +1226,18 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
     const int held = min(mine, cs_rows_held(c.rec));
     if (threadIdx.x == 0) {
+#ifdef CS_CLS_COPY_AFTER
+        // CS_CLS_COPY_AFTER, a measurement build: the rows' copies wait until this step's layers have
+        // passed their PDL wait (at most about 20 us: only a question of when), so that they do not
+        // meet the step before's end (NOTES 191)
+        const unsigned long long t0 = cs_now();
+        for (;;) {
+            unsigned long long n;
+            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(n) : "l"(c.started) : "memory");
+            if (n >= c.launch || cs_now() - t0 > 20000) break;
+            __nanosleep(128);
+        }
+#endif
         mbar_init(cs_saddr(&s->landed), 1);
         mbar_init_fence();
         mbar_arrive_expect(cs_saddr(&s->landed), held * c.rec + 4 * c.dim);
@@ -1335,6 +1331,9 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
+#ifdef CS_CLS_COPY_AFTER
+    unsigned long long launches;   // the steps launched
+#endif
 };
 
 namespace {
@@ -1609,15 +1608,15 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
+#ifdef CS_CLS_COPY_AFTER
+    CUDA_CHECK(cudaMalloc(&c->best, 3 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 3 * sizeof(unsigned long long), g->stream));
+    p.started = c->best + 2, c->c.started = c->best + 2;
+#else
     CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
-    c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
-#ifdef CS_EMB_PREFETCH
-    c->c.emb = p.emb_q ? (const unsigned char *)p.emb_q : (const unsigned char *)p.emb_f;
-    c->c.emb_scales = p.emb_q ? (const unsigned char *)p.emb_s : NULL;
-    c->c.emb_row_bytes = p.emb_q ? p.emb_stride : 4 * p.emb_stride, c->c.emb_used_bytes = p.emb_q ? p.dim : 4 * p.dim;
-    c->c.emb_scale_bytes = 4 * p.emb_groups;
 #endif
+    c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_boundary_at(p.n_hops, p.cluster) + 2;   // the stamps, ticks, phases, pieces and the boundary
     CUDA_CHECK(cudaMalloc(&p.trace, trace_words * sizeof(unsigned long long)));
@@ -1824,7 +1823,13 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
+#ifdef CS_CLS_COPY_AFTER
+    CsClsParams cls = c->c;
+    cls.launch = ++const_cast<GpuCluster *>(c)->launches;
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
+#else
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
+#endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
