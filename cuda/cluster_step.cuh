@@ -311,16 +311,15 @@ constexpr int kCsClsPhases = 4;
 // when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
 // instruction had been issued; then what the piece is: 4 * its hop + its kind (CS_PIECE_...).
 constexpr int kCsTracePieces = 4096, kCsPieceStamps = 5;
-// CS_TRACE's last two words, after the pieces: the step before's token fed (n_hops + 4 of the
-// launch before, copied by the layers' block 0 once its PDL wait has returned) and %globaltimer at
-// the layers' block 0's entry: the boundary between two steps.
-__host__ __device__ inline size_t cs_boundary_at(int n_hops, int cluster);
 enum { CS_PIECE_GAMMA, CS_PIECE_ROWS, CS_PIECE_BOX, kCsPieceKinds };
 // Where in the trace the classifier's phases begin (after the stamps and the ticks), and the pieces'.
 __host__ __device__ inline size_t cs_phases_at(int n_hops, int cluster) {
     return 4 * (size_t)n_hops + 5 + (size_t)cluster * n_hops * kCsWarps * kCsTicks;
 }
 __host__ __device__ inline size_t cs_pieces_at(int n_hops, int cluster) { return cs_phases_at(n_hops, cluster) + kCsClsPhases; }
+// CS_TRACE's last two words, after the pieces: the step before's token fed (n_hops + 4 of the
+// launch before, copied by the layers' block 0 once its PDL wait has returned) and %globaltimer at
+// the layers' block 0's entry: the boundary between two steps.
 __host__ __device__ inline size_t cs_boundary_at(int n_hops, int cluster) {
     return cs_pieces_at(n_hops, cluster) + (size_t)kCsPieceStamps * kCsTracePieces;
 }
@@ -1608,13 +1607,11 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-#ifdef CS_CLS_COPY_AFTER
+    // [0] and [1]: CsClsParams::best; [2]: CS_CLS_COPY_AFTER's count of the steps started
     CUDA_CHECK(cudaMalloc(&c->best, 3 * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, 3 * sizeof(unsigned long long), g->stream));
+#ifdef CS_CLS_COPY_AFTER
     p.started = c->best + 2, c->c.started = c->best + 2;
-#else
-    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
 #endif
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
