@@ -86,6 +86,14 @@ __device__ __forceinline__ float cs_div127(float m) { return m * (1.0f / 127.0f)
 constexpr int kCsPreload = 200 * 1024;         // a classifier block's rows held in shared memory
 // The most rows of rec bytes a classifier block holds (a batch of 8 rows all held or none).
 __host__ __device__ inline int cs_rows_held(int rec) { return kCsPreload / rec & ~7; }
+constexpr int kCsClsChunk = 32768;   // a classifier block's rows copied in pieces of this many bytes
+#ifndef CS_CLS_SPAN_PER_HOP
+#define CS_CLS_SPAN_PER_HOP 500
+#endif
+// The classifier's row copies spread over this many ns for each hop of the layers (cs_copy_rows):
+// well under a hop's time, so that they have landed before the layers end; 0 (a measurement
+// build): all at once (NOTES 192).
+constexpr unsigned kCsClsSpanPerHop = CS_CLS_SPAN_PER_HOP;
 
 enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
@@ -126,9 +134,6 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
-#ifdef CS_CLS_COPY_AFTER
-    unsigned long long *started;   // the steps whose layers have passed their PDL wait (block 0 adds 1)
-#endif
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -141,12 +146,9 @@ struct CsClsParams {
     unsigned long long *step_tokens;
     unsigned long long *trace;   // -DCS_TRACE: the layers' trace + n_hops + 3, else NULL
     float group_inv;             // small_div_inverse(group_chunks)
+    unsigned long long copy_span_ns;   // cs_copy_rows: the rows' copies spread over this from the block's start
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
-#endif
-#ifdef CS_CLS_COPY_AFTER
-    const unsigned long long *started;   // CsParams::started
-    unsigned long long launch;           // this step's launch, from 1: its layers make *started this
 #endif
 };
 
@@ -304,8 +306,9 @@ __host__ __device__ __forceinline__ int cs_token_of(unsigned long long key) { re
 constexpr int kCsTicks = 19;
 // CS_TRACE's stamps of the classifier's block 0 (thread 0), after the layers' ticks: 0 its x in (its
 // rows landed, x read), 1 x's digits staged and the lane's loaded, 2 warp 0's rows done, 3 the
-// block's rows and argmax done.
-constexpr int kCsClsPhases = 4;
+// block's rows and argmax done; 4 its entry, 5 its rows' copies all issued, 6 its wait for them
+// to land over (after its PDL wait).
+constexpr int kCsClsPhases = 7;
 // CS_TRACE's stamps of block 0's ring pieces, after the classifier's phases, kCsPieceStamps a
 // piece (its first kCsTracePieces of the step): %globaltimer when the producer found its slot free,
 // when consumer thread 0 began to wait for it, when that wait ended, and when the producer's copy
@@ -1110,9 +1113,6 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
 #ifdef CS_TRACE
     if (stamp) p.trace[cs_boundary_at(p.n_hops, p.cluster)] = p.trace[p.n_hops + 4];
 #endif
-#ifdef CS_CLS_COPY_AFTER
-    if (rank == 0 && threadIdx.x == 0) asm volatile("red.relaxed.gpu.global.add.u64 [%0], 1;" ::"l"(p.started) : "memory");
-#endif
     cs_embed(p, s);
     if (stamp) cs_stamp(p.trace, 1);
     unsigned phases = 0;   // bit j: the parity xbar[j] waits for next
@@ -1217,6 +1217,23 @@ __device__ __forceinline__ void cs_cls_phase(const CsClsParams &c, int k) {
 #endif
 }
 
+// A classifier block's held rows copied in by its warp 0 (lane 0 issues), in pieces spread evenly
+// over c.copy_span_ns from the block's start, each block's pieces a fraction of the spacing after
+// the block before's; 0: all at once. Every block copying at once as the step starts holds the
+// layers' first hops back (NOTES 191, 192). The whole warp keeps the time: a lane left alone in a
+// loop while the others wait on the layers (PDL) is not run until that wait is over (NOTES 192).
+__device__ void cs_copy_rows(const CsClsParams &c, CsClsSmem *s, int row0, int held) {
+    const int bytes = held * c.rec, pieces = (bytes + kCsClsChunk - 1) / kCsClsChunk, lane = threadIdx.x % 32;
+    const unsigned long long t0 = __shfl_sync(~0u, cs_now(), 0), apart = pieces ? c.copy_span_ns / pieces : 0;
+    const unsigned long long first = apart * blockIdx.x / gridDim.x;
+    for (int i = 0; i < pieces; i++) {
+        if (apart)
+            while (__shfl_sync(~0u, cs_now(), 0) - t0 < first + i * apart) __nanosleep(64);
+        const int at = i * kCsClsChunk;
+        if (lane == 0) bulk_copy_counted(cs_saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(kCsClsChunk, bytes - at), cs_saddr(&s->landed));
+    }
+}
+
 // The classifier's work in one block (s: its shared memory): the rows copied in while the layers
 // run, then, once they have finished, the logits of the block's rows; returns the block's argmax
 // key to thread 0 (the others: their warp's).
@@ -1224,31 +1241,21 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * c.rows_per_block, mine = max(0, min(c.rows_per_block, c.vocab - row0));
     const int held = min(mine, cs_rows_held(c.rec));
+    cs_cls_phase(c, 4);
     if (threadIdx.x == 0) {
-#ifdef CS_CLS_COPY_AFTER
-        // CS_CLS_COPY_AFTER, a measurement build: the rows' copies wait until this step's layers have
-        // passed their PDL wait (at most about 20 us: only a question of when), so that they do not
-        // meet the step before's end (NOTES 191)
-        const unsigned long long t0 = cs_now();
-        for (;;) {
-            unsigned long long n;
-            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(n) : "l"(c.started) : "memory");
-            if (n >= c.launch || cs_now() - t0 > 20000) break;
-            __nanosleep(128);
-        }
-#endif
         mbar_init(cs_saddr(&s->landed), 1);
         mbar_init_fence();
         mbar_arrive_expect(cs_saddr(&s->landed), held * c.rec + 4 * c.dim);
         bulk_copy_counted(cs_saddr(s->gamma), c.gamma, 4 * c.dim, cs_saddr(&s->landed));
-        for (int at = 0; at < held * c.rec; at += 32768)
-            bulk_copy_counted(cs_saddr(s->rows + at), c.w + (size_t)row0 * c.rec + at, min(32768, held * c.rec - at), cs_saddr(&s->landed));
     }
     pdl_release();   // the next step's layers may start streaming
+    if (warp == 0) cs_copy_rows(c, s, row0, held);   // (lane 0 initialised the barrier and copies)
+    cs_cls_phase(c, 5);
     pdl_wait();      // the layers: x
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
+    cs_cls_phase(c, 6);
     for (int i = threadIdx.x; i < c.dim; i += kCsClsThreads) s->x[i] = __ldcg(c.x + i);
     __syncthreads();
     cs_cls_phase(c, 0);
@@ -1330,9 +1337,6 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
-#ifdef CS_CLS_COPY_AFTER
-    unsigned long long launches;   // the steps launched
-#endif
 };
 
 namespace {
@@ -1607,12 +1611,9 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    // [0] and [1]: CsClsParams::best; [2]: CS_CLS_COPY_AFTER's count of the steps started
-    CUDA_CHECK(cudaMalloc(&c->best, 3 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 3 * sizeof(unsigned long long), g->stream));
-#ifdef CS_CLS_COPY_AFTER
-    p.started = c->best + 2, c->c.started = c->best + 2;
-#endif
+    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
+    c->c.copy_span_ns = (unsigned long long)p.n_hops * kCsClsSpanPerHop;
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_boundary_at(p.n_hops, p.cluster) + 2;   // the stamps, ticks, phases, pieces and the boundary
@@ -1733,6 +1734,8 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
             "lane's loaded %.2f, warp 0's rows %.2f, the block's rows and argmax %.2f; from there to the token fed (by the last "
             "block out) %.2f\n",
             since(t[n + 3], ph[0]), since(ph[0], ph[1]), since(ph[1], ph[2]), since(ph[2], ph[3]), since(ph[3], t[n + 4]));
+    fprintf(stderr, "cluster step trace, the classifier's block 0 (us): entered %.2f before the layers' end, its rows' copies issued %.2f "
+            "after it entered, their wait over %.2f after its PDL wait\n", since(ph[4], t[2 + n]), since(ph[4], ph[5]), since(t[n + 3], ph[6]));
     unsigned long long edge[2];   // the step before's token fed, the layers' entry
     CUDA_CHECK(cudaMemcpy(edge, c->p.trace + cs_boundary_at(n, c->p.cluster), sizeof(edge), cudaMemcpyDeviceToHost));
     if (edge[0])
@@ -1820,13 +1823,7 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-#ifdef CS_CLS_COPY_AFTER
-    CsClsParams cls = c->c;
-    cls.launch = ++const_cast<GpuCluster *>(c)->launches;
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
-#else
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
-#endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
