@@ -127,6 +127,9 @@ struct CsParams {
     void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
     float *out;               // the last residual stream (dim): the classifier's x
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
+#ifdef CS_CLS_FLAG
+    unsigned long long *x_ready, launch;   // CsClsParams's
+#endif
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
     int kv_group, key_shift;  // query heads a kv head; log2 of the rows a key row's first bank repeats after (cs_key_first)
@@ -149,6 +152,17 @@ struct CsClsParams {
     unsigned long long copy_span_ns;   // cs_copy_rows: the rows' copies spread over this from the block's start
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
+#endif
+#ifdef CS_CLS_FLAG
+    // CS_CLS_FLAG, a measurement build (NOTES 166, 193): the classifier starts once x_ready holds
+    // its launch's number, which the layers' rank 0 stores there after it has written x, rather
+    // than once the layers' grid has ended. launch counts the launches (never captured in a
+    // graph, whose replays would repeat it), so a word from a step before is always smaller.
+    unsigned long long *x_ready, launch;
+#endif
+#ifdef CS_EMB_PREFETCH
+    const unsigned char *emb, *emb_scales;   // CsParams' embedding (emb_q or emb_f) and its group scales (emb_s, or null)
+    int emb_row_bytes, emb_used_bytes, emb_scale_bytes;   // a row's stride, its elements' bytes, its scales' bytes
 #endif
 };
 
@@ -1163,8 +1177,13 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     }
     cs_wait<true>(cs_saddr(&s->xbar[p.n_hops & 1]), (phases >> (p.n_hops & 1)) & 1, CS_AT_HOP, p.n_hops);
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
-    if (rank == 0)
+    if (rank == 0) {
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
+#ifdef CS_CLS_FLAG
+        cs_consumers_sync();   // every consumer's part of x written, before the release that publishes them
+        if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.x_ready), "l"(p.launch) : "memory");
+#endif
+    }
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
 
@@ -1205,6 +1224,14 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
+#ifdef CS_EMB_PREFETCH
+    // CS_EMB_PREFETCH, a measurement build (NOTES 191, 193): the token's embedding row and its
+    // scales asked of L2 now, so that the next step's first loads, after this grid's end, find them
+    const unsigned char *row = c.emb + (size_t)token * c.emb_row_bytes;
+    for (int at = 0; at < c.emb_used_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at));
+    if (c.emb_scales)
+        for (int at = 0; at < c.emb_scale_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c.emb_scales + (size_t)token * c.emb_scale_bytes + at));
+#endif
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
@@ -1251,7 +1278,14 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     pdl_release();   // the next step's layers may start streaming
     if (warp == 0) cs_copy_rows(c, s, row0, held);   // (lane 0 initialised the barrier and copies)
     cs_cls_phase(c, 5);
+#ifdef CS_CLS_FLAG
+    if (threadIdx.x == 0) {   // the layers' x, as their rank 0 publishes it (their grid may not have ended)
+        unsigned long long ready = 0;
+        while (ready < c.launch) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(ready) : "l"(c.x_ready) : "memory");
+    }
+#else
     pdl_wait();      // the layers: x
+#endif
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
@@ -1292,6 +1326,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+#ifdef CS_CLS_FLAG
+    if (threadIdx.x == 0) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
+#endif
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
@@ -1328,6 +1365,12 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
 // ---------------------------------------------------------------------------------------------
 // Host side: the schedule from the recorded step (the same MegaStage list the megakernel takes).
 
+#ifdef CS_CLS_FLAG
+constexpr int kCsBestWords = 3;   // CsClsParams::best's two, then x_ready (0: no launch yet)
+#else
+constexpr int kCsBestWords = 2;   // CsClsParams::best
+#endif
+
 struct GpuCluster {
     CsParams p;
     CsClsParams c;
@@ -1337,6 +1380,9 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
+#ifdef CS_CLS_FLAG
+    unsigned long long launches;   // CS_CLS_FLAG: the launches so far
+#endif
 };
 
 namespace {
@@ -1611,9 +1657,18 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     CUDA_CHECK(cudaMalloc(&c->hops, p.n_hops * sizeof(CsHop)));
     CUDA_CHECK(cudaMemcpyAsync(c->hops, hops, p.n_hops * sizeof(CsHop), cudaMemcpyHostToDevice, g->stream));
     p.hops = c->hops;
-    CUDA_CHECK(cudaMalloc(&c->best, 2 * sizeof(unsigned long long)));
-    CUDA_CHECK(cudaMemsetAsync(c->best, 0, 2 * sizeof(unsigned long long), g->stream));
+    CUDA_CHECK(cudaMalloc(&c->best, kCsBestWords * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(c->best, 0, kCsBestWords * sizeof(unsigned long long), g->stream));
+#ifdef CS_CLS_FLAG
+    p.x_ready = c->c.x_ready = c->best + 2;
+#endif
     c->c.copy_span_ns = (unsigned long long)p.n_hops * kCsClsSpanPerHop;
+#ifdef CS_EMB_PREFETCH
+    c->c.emb = p.emb_q ? (const unsigned char *)p.emb_q : (const unsigned char *)p.emb_f;
+    c->c.emb_scales = p.emb_q ? (const unsigned char *)p.emb_s : NULL;
+    c->c.emb_row_bytes = p.emb_q ? p.emb_stride : 4 * p.emb_stride, c->c.emb_used_bytes = p.emb_q ? p.dim : 4 * p.dim;
+    c->c.emb_scale_bytes = 4 * p.emb_groups;
+#endif
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_boundary_at(p.n_hops, p.cluster) + 2;   // the stamps, ticks, phases, pieces and the boundary
@@ -1822,8 +1877,16 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
+#ifdef CS_CLS_FLAG
+    CsParams p = c->p;
+    CsClsParams cls = c->c;
+    p.launch = cls.launch = ++const_cast<GpuCluster *>(c)->launches;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
+    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
+#else
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
+#endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
