@@ -68,6 +68,13 @@ constexpr bool kCsTailWide = false;
 #else
 constexpr bool kCsTailWide = true;
 #endif
+#ifdef CS_ATT_DIGITS
+// CS_ATT_DIGITS (a measurement build, NOTES 194): the attention's blocks send the output
+// projection's x as its digits, a step a chunk of 16 (cs_send_digits), into the x buffer: chunk
+// c's three planes at 48c, the chunks' steps from kCsStepsAt.
+constexpr int kCsStepsAt = 3 * kCsMaxX;
+static_assert(kCsStepsAt + 4 * (kCsMaxX / 16) <= 4 * kCsMaxX && kCsStepsAt % 16 == 0, "digits and steps fit an x buffer");
+#endif
 // CS_NO_MATH, a measurement build (wrong results): 1, a linear hop's rows' products not made
 // (every output 0; the ring's pieces still waited for and released, the outputs still sent);
 // 2, x not normed or staged either. What is left is the hops' structure: the hand-overs, the
@@ -129,6 +136,9 @@ struct CsParams {
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
 #ifdef CS_CLS_FLAG
     unsigned long long *x_ready, launch;   // CsClsParams's
+#endif
+#ifdef CS_ATT_DIGITS
+    int att_digits;   // the attention's outputs sent as digits (heads a multiple of 16 wide)
 #endif
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
@@ -537,6 +547,44 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
     return gamma ? *scale : 1.0f;
 }
 
+#ifdef CS_ATT_DIGITS
+// 4 outputs v (elements e to e + 3, e a multiple of 4) into block to's x buffer at dst as
+// CS_ATT_DIGITS lays it out, by a group of 4 lanes (lanes 4k to 4k + 3, the chunk's elements in
+// their order): the chunk's largest magnitude by two shuffles, each lane's three digits of its 4
+// as cs_stage_digits makes them, the lanes' words turned round by three shuffles so that lane q
+// < 3 holds plane q's 16 bytes and lane 3 the step; 52 bytes a chunk to each block.
+__device__ __forceinline__ void cs_send_digits(uint32_t dst, uint32_t bar, int to, int e, float4 v) {
+    const int lane = threadIdx.x % 32, q = lane & 3, c = e / 16;
+    const unsigned group = 0xfu << (lane & 28);
+    const float vs[4] = {v.x, v.y, v.z, v.w};
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) m = fmaxf(m, fabsf(vs[i]));   // (never NaN: fmaxf from 0 drops them)
+    m = fmaxf(m, __shfl_xor_sync(group, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(group, m, 2));
+    const float step = m > 0.0f ? cs_div127(m) : 1.0f, inv = cs_rcp(step);
+    uint32_t d[3] = {0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; i++) cs_put_digits(vs[i] * inv, i, d);
+    const uint32_t mine[4] = {d[0], d[1], d[2], __float_as_uint(step)};
+    auto pick = [](const uint32_t a[4], int k) { return k == 0 ? a[0] : k == 1 ? a[1] : k == 2 ? a[2] : a[3]; };
+    // word i of lane q's result: lane i's word q; round r takes it from lane (q - r) & 3, which
+    // gives its word (its own number + r) & 3
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) out[i] = i == q ? mine[i] : 0u;
+#pragma unroll
+    for (int r = 1; r < 4; r++) {
+        const uint32_t got = __shfl_sync(group, pick(mine, (q + r) & 3), (lane & 28) | ((q - r) & 3));
+        const int from = (q - r) & 3;
+#pragma unroll
+        for (int i = 0; i < 4; i++) out[i] = i == from ? got : out[i];
+    }
+    if (q < 3) cs_send4(dst + 48 * c + 16 * q, bar, to, __uint_as_float(out[0]), __uint_as_float(out[1]), __uint_as_float(out[2]), __uint_as_float(out[3]));
+    else cs_send(dst + kCsStepsAt + 4 * c, bar, to, step);
+}
+#endif
+
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits
 // and steps, and where in a row's record each chunk's weights and group scale are.
 // kTail: the tail items below.
@@ -582,6 +630,43 @@ struct CsLaneXOf {
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
         }
     }
+#ifdef CS_ATT_DIGITS
+    // CS_ATT_DIGITS (a measurement build, NOTES 194): x as the attention's blocks send it
+    // (cs_send_digits): chunk c's three planes' 16 bytes at 48c, a step a chunk at kCsStepsAt + 4c.
+    // (load's loop over accessors: load itself kept as it is, whose machine code is measured.)
+    __device__ void load_chunks(const unsigned char *in, int K, SmallDiv group_of) {
+        load_by([&](int c, int pl) { return reinterpret_cast<const uint4 *>(in)[3 * c + pl]; },
+                [&](int c) { return reinterpret_cast<const float *>(in + kCsStepsAt)[c]; }, K, group_of);
+    }
+    // chunk c's plane pl by digit(c, pl), its step by step_of(c)
+    template <class Digit, class Step>
+    __device__ __forceinline__ void load_by(Digit digit, Step step_of, int K, SmallDiv group_of) {
+        const int lane = threadIdx.x % 32;
+        chunks = (K + 15) / 16;
+        full = chunks;
+        if constexpr (kTail) {
+            const int t = chunks % 32;
+            if (t <= 4) full = chunks - t;
+            tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
+            for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
+            if (full < chunks && lane < 8 * t) {
+                // lane / t by a multiply (1 <= t <= 4, lane < 32: (lane * ceil(2^16 / t)) >> 16 is exact)
+                tail_row = lane * (t == 3 ? 21846 : 65536 >> (t >> 1)) >> 16, tail_c = full + lane - tail_row * t;
+                tail_u = step_of(tail_c), tail_scale = group_of(tail_c);
+                for (int pl = 0; pl < 3; pl++) tail_d[pl] = digit(tail_c, pl);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kChunks; j++) {
+            const int c = lane + 32 * j;
+            u[j] = c < full ? step_of(c) : 0.0f;
+            const int group = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
+            woff[j] = 16 * min(c, chunks - 1), soff[j] = cs_scales_at(K) + 4 * group;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? digit(c, pl) : make_uint4(0, 0, 0, 0);
+        }
+    }
+#endif
 };
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
@@ -809,7 +894,11 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
 // lane `rank` of a warp. Returns the pieces it took.
 template <typename KV, int kChunks>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at) {
+                             uint32_t bar_at
+#ifdef CS_ATT_DIGITS
+                             , bool digits_in   // x as the attention sends it (cs_send_digits): not staged here
+#endif
+) {
     const int lane = threadIdx.x % 32;
     if (h.idle_ranks >> rank & 1) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
         if (!h.gamma) return 0;
@@ -837,12 +926,22 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #elif CS_NO_MATH >= 2
     inv_rms = 1.0f;   // (a measurement build: x neither normed nor staged)
     (void)gamma;
+#elif defined(CS_ATT_DIGITS)
+    inv_rms = digits_in ? 1.0f : cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #else
     inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
 #if !(CS_NO_MATH >= 2)
+#ifdef CS_ATT_DIGITS
+    if (digits_in) {
+        lx.load_chunks(reinterpret_cast<const unsigned char *>(x), h.K, SmallDiv(h.group_inv));
+        // every warp's x in its registers before any block's outputs can be in, and so before the
+        // next hop's senders may write where x is (the staging's barrier stood here for it)
+        cs_consumers_sync();
+    } else
+#endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
 #endif
     ring.stamp_mark();
@@ -1097,6 +1196,12 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
                 const float4 pw = *reinterpret_cast<const float4 *>(&part[w][d]);
                 a.x = fmaf(f[w], pw.x, a.x), a.y = fmaf(f[w], pw.y, a.y), a.z = fmaf(f[w], pw.z, a.z), a.w = fmaf(f[w], pw.w, a.w);
             }
+#ifdef CS_ATT_DIGITS
+            if (p.att_digits) {
+                cs_send_digits(dst_at, bar_at, to, head * p.hs + d, make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv));
+                continue;
+            }
+#endif
             cs_send4(dst_at + 4 * (head * p.hs + d), bar_at, to, a.x * inv, a.y * inv, a.z * inv, a.w * inv);
         }
         if (nth == 0) ring.tick(7);
@@ -1164,8 +1269,14 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
+#ifdef CS_ATT_DIGITS
+        const bool digits_in = p.att_digits && i > 0 && s->hops[i - 1].kind == CS_ATTN;
+        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
+                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at, digits_in);
+#else
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
+#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1443,6 +1554,9 @@ static void cs_hop_sends(CsHop *hops, const CsParams &p) {
         for (int r = 0; r < p.cluster; r++)
             if (h.kind == CS_ATTN ? r >= p.n_heads : cs_mine(h, r) == 0) h.idle_ranks |= 1u << r;
         h.expect = 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows);
+#ifdef CS_ATT_DIGITS
+        if (h.kind == CS_ATTN && p.att_digits) h.expect = 52 * (p.q_dim / 16);   // (cs_send_digits)
+#endif
         h.expect += 4 * __builtin_popcount(h.idle_ranks);
     }
 }
@@ -1635,6 +1749,9 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     const int esize = at.kv_half ? 2 : 4;
     p.dim = qkv.w[0]->cols, p.q_dim = at.n_heads * at.head_size, p.kvd = at.n_kv_heads * at.head_size;
     p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.hs = at.head_size, p.seq = at.seq_len, p.vocab = cls.w[0]->rows;
+#ifdef CS_ATT_DIGITS
+    p.att_digits = p.hs % 16 == 0;
+#endif
     p.per = kCsSlotBytes / (at.head_size * esize) < 256 ? kCsSlotBytes / (at.head_size * esize) : 256;
     p.att_scale = 1.0f / sqrtf((float)at.head_size), p.kv_group = at.n_heads / at.n_kv_heads;
     p.per_inv = small_div_inverse(p.per), p.kv_group_inv = small_div_inverse(p.kv_group), p.quads_inv = small_div_inverse(at.head_size / 4);
