@@ -1270,6 +1270,7 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
 #ifdef CS_ATT_DIGITS
+        // (the hop after an attention is the output projection, which has no norm: cs_linear_ok)
         const bool digits_in = p.att_digits && i > 0 && s->hops[i - 1].kind == CS_ATTN;
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at, digits_in);
