@@ -603,41 +603,20 @@ struct CsLaneXOf {
     uint4 tail_d[3];
     float tail_u;
     int woff[kChunks], soff[kChunks];   // a row's bytes to this lane's chunk j, and to that chunk's group scale
+    // x as staged (cs_stage_digits): plane pl's words in digits[pl], a step a group of 8 chunks
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
-        const int lane = threadIdx.x % 32;
-        chunks = (K + 15) / 16;
-        full = chunks;
-        if constexpr (kTail) {
-            const int t = chunks % 32;
-            if (t <= 4) full = chunks - t;
-            tail_row = 8, tail_c = 0, tail_scale = 0, tail_u = 0.0f;
-            for (int pl = 0; pl < 3; pl++) tail_d[pl] = make_uint4(0, 0, 0, 0);
-            if (full < chunks && lane < 8 * t) {
-                // lane / t by a multiply (1 <= t <= 4, lane < 32: (lane * ceil(2^16 / t)) >> 16 is exact)
-                tail_row = lane * (t == 3 ? 21846 : 65536 >> (t >> 1)) >> 16, tail_c = full + lane - tail_row * t;
-                tail_u = u_of[tail_c / 8], tail_scale = group_of(tail_c);
-                for (int pl = 0; pl < 3; pl++) tail_d[pl] = reinterpret_cast<const uint4 *>(digits[pl])[tail_c];
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < kChunks; j++) {
-            const int c = lane + 32 * j;
-            u[j] = c < full ? u_of[c / 8] : 0.0f;
-            const int group = group_of(min(c, chunks - 1));   // (a chunk past K: its row's last group, times 0)
-            woff[j] = 16 * min(c, chunks - 1), soff[j] = cs_scales_at(K) + 4 * group;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? reinterpret_cast<const uint4 *>(digits[pl])[c] : make_uint4(0, 0, 0, 0);
-        }
+        load_by([=](int c, int pl) { return reinterpret_cast<const uint4 *>(digits[pl])[c]; }, [=](int c) { return u_of[c / 8]; }, K,
+                group_of);
     }
 #ifdef CS_ATT_DIGITS
     // CS_ATT_DIGITS (a measurement build, NOTES 194): x as the attention's blocks send it
     // (cs_send_digits): chunk c's three planes' 16 bytes at 48c, a step a chunk at kCsStepsAt + 4c.
-    // (load's loop over accessors: load itself kept as it is, whose machine code is measured.)
     __device__ void load_chunks(const unsigned char *in, int K, SmallDiv group_of) {
         load_by([&](int c, int pl) { return reinterpret_cast<const uint4 *>(in)[3 * c + pl]; },
                 [&](int c) { return reinterpret_cast<const float *>(in + kCsStepsAt)[c]; }, K, group_of);
     }
+#endif
     // chunk c's plane pl by digit(c, pl), its step by step_of(c)
     template <class Digit, class Step>
     __device__ __forceinline__ void load_by(Digit digit, Step step_of, int K, SmallDiv group_of) {
@@ -666,7 +645,6 @@ struct CsLaneXOf {
             for (int pl = 0; pl < 3; pl++) d[j][pl] = c < full ? digit(c, pl) : make_uint4(0, 0, 0, 0);
         }
     }
-#endif
 };
 
 __device__ __forceinline__ int cs_dot4(uint4 w, uint4 d) {
