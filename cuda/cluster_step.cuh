@@ -68,13 +68,6 @@ constexpr bool kCsTailWide = false;
 #else
 constexpr bool kCsTailWide = true;
 #endif
-#ifdef CS_ATT_DIGITS
-// CS_ATT_DIGITS (a measurement build, NOTES 194): the attention's blocks send the output
-// projection's x as its digits, a step a chunk of 16 (cs_send_digits), into the x buffer: chunk
-// c's three planes at 48c, the chunks' steps from kCsStepsAt.
-constexpr int kCsStepsAt = 3 * kCsMaxX;
-static_assert(kCsStepsAt + 4 * (kCsMaxX / 16) <= 4 * kCsMaxX && kCsStepsAt % 16 == 0, "digits and steps fit an x buffer");
-#endif
 // CS_NO_MATH, a measurement build (wrong results): 1, a linear hop's rows' products not made
 // (every output 0; the ring's pieces still waited for and released, the outputs still sent);
 // 2, x not normed or staged either. What is left is the hops' structure: the hand-overs, the
@@ -134,12 +127,7 @@ struct CsParams {
     void *kcache, *vcache;    // (layers, seq, kvd) FP16 or FP32
     float *out;               // the last residual stream (dim): the classifier's x
     unsigned long long *trace;   // -DCS_TRACE: block 0's stamps (cs_stamp), else NULL
-#ifdef CS_CLS_FLAG
     unsigned long long *x_ready, launch;   // CsClsParams's
-#endif
-#ifdef CS_ATT_DIGITS
-    int att_digits;   // the attention's outputs sent as digits (heads a multiple of 16 wide)
-#endif
     CUtensorMap kmap, vmap;   // the caches as 2-D tensors (layers x seq rows of kvd), a box a slot of a head's rows
     float att_scale;          // 1 / sqrt(hs), as the per-matrix attention's
     int kv_group, key_shift;  // query heads a kv head; log2 of the rows a key row's first bank repeats after (cs_key_first)
@@ -163,17 +151,11 @@ struct CsClsParams {
 #ifdef CS_TRACE
     unsigned long long *phases;   // block 0's %globaltimer at its phases (kCsClsPhases, after the ticks)
 #endif
-#ifdef CS_CLS_FLAG
-    // CS_CLS_FLAG, a measurement build (NOTES 166, 193): the classifier starts once x_ready holds
-    // its launch's number, which the layers' rank 0 stores there after it has written x, rather
-    // than once the layers' grid has ended. launch counts the launches (never captured in a
-    // graph, whose replays would repeat it), so a word from a step before is always smaller.
+    // The classifier starts once x_ready holds its launch's number, which the layers' rank 0
+    // stores there after it has written x, rather than once the layers' grid has ended (NOTES 166,
+    // 195). launch counts the launches (never captured in a graph, whose replays would repeat it),
+    // so a word from a step before is always smaller.
     unsigned long long *x_ready, launch;
-#endif
-#ifdef CS_EMB_PREFETCH
-    const unsigned char *emb, *emb_scales;   // CsParams' embedding (emb_q or emb_f) and its group scales (emb_s, or null)
-    int emb_row_bytes, emb_used_bytes, emb_scale_bytes;   // a row's stride, its elements' bytes, its scales' bytes
-#endif
 };
 
 // cs_layers_kernel's shared memory: the ring, the residual stream, two x buffers (a hop reads
@@ -547,44 +529,6 @@ __device__ float cs_stage_digits(uint32_t (*digits)[kWords], float *u, float *sc
     return gamma ? *scale : 1.0f;
 }
 
-#ifdef CS_ATT_DIGITS
-// 4 outputs v (elements e to e + 3, e a multiple of 4) into block to's x buffer at dst as
-// CS_ATT_DIGITS lays it out, by a group of 4 lanes (lanes 4k to 4k + 3, the chunk's elements in
-// their order): the chunk's largest magnitude by two shuffles, each lane's three digits of its 4
-// as cs_stage_digits makes them, the lanes' words turned round by three shuffles so that lane q
-// < 3 holds plane q's 16 bytes and lane 3 the step; 52 bytes a chunk to each block.
-__device__ __forceinline__ void cs_send_digits(uint32_t dst, uint32_t bar, int to, int e, float4 v) {
-    const int lane = threadIdx.x % 32, q = lane & 3, c = e / 16;
-    const unsigned group = 0xfu << (lane & 28);
-    const float vs[4] = {v.x, v.y, v.z, v.w};
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) m = fmaxf(m, fabsf(vs[i]));   // (never NaN: fmaxf from 0 drops them)
-    m = fmaxf(m, __shfl_xor_sync(group, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(group, m, 2));
-    const float step = m > 0.0f ? cs_div127(m) : 1.0f, inv = cs_rcp(step);
-    uint32_t d[3] = {0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 4; i++) cs_put_digits(vs[i] * inv, i, d);
-    const uint32_t mine[4] = {d[0], d[1], d[2], __float_as_uint(step)};
-    auto pick = [](const uint32_t a[4], int k) { return k == 0 ? a[0] : k == 1 ? a[1] : k == 2 ? a[2] : a[3]; };
-    // word i of lane q's result: lane i's word q; round r takes it from lane (q - r) & 3, which
-    // gives its word (its own number + r) & 3
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) out[i] = i == q ? mine[i] : 0u;
-#pragma unroll
-    for (int r = 1; r < 4; r++) {
-        const uint32_t got = __shfl_sync(group, pick(mine, (q + r) & 3), (lane & 28) | ((q - r) & 3));
-        const int from = (q - r) & 3;
-#pragma unroll
-        for (int i = 0; i < 4; i++) out[i] = i == from ? got : out[i];
-    }
-    if (q < 3) cs_send4(dst + 48 * c + 16 * q, bar, to, __uint_as_float(out[0]), __uint_as_float(out[1]), __uint_as_float(out[2]), __uint_as_float(out[3]));
-    else cs_send(dst + kCsStepsAt + 4 * c, bar, to, step);
-}
-#endif
-
 // This lane's chunks of x (16 columns each: lane, lane + 32, ..., at most kChunks): their digits
 // and steps, and where in a row's record each chunk's weights and group scale are.
 // kTail: the tail items below.
@@ -609,14 +553,6 @@ struct CsLaneXOf {
         load_by([=](int c, int pl) { return reinterpret_cast<const uint4 *>(digits[pl])[c]; }, [=](int c) { return u_of[c / 8]; }, K,
                 group_of);
     }
-#ifdef CS_ATT_DIGITS
-    // CS_ATT_DIGITS (a measurement build, NOTES 194): x as the attention's blocks send it
-    // (cs_send_digits): chunk c's three planes' 16 bytes at 48c, a step a chunk at kCsStepsAt + 4c.
-    __device__ void load_chunks(const unsigned char *in, int K, SmallDiv group_of) {
-        load_by([&](int c, int pl) { return reinterpret_cast<const uint4 *>(in)[3 * c + pl]; },
-                [&](int c) { return reinterpret_cast<const float *>(in + kCsStepsAt)[c]; }, K, group_of);
-    }
-#endif
     // chunk c's plane pl by digit(c, pl), its step by step_of(c)
     template <class Digit, class Step>
     __device__ __forceinline__ void load_by(Digit digit, Step step_of, int K, SmallDiv group_of) {
@@ -872,11 +808,7 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
 // lane `rank` of a warp. Returns the pieces it took.
 template <typename KV, int kChunks>
 __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int rank, const CsRing &ring, const float *x, float *dst,
-                             uint32_t bar_at
-#ifdef CS_ATT_DIGITS
-                             , bool digits_in   // x as the attention sends it (cs_send_digits): not staged here
-#endif
-) {
+                             uint32_t bar_at) {
     const int lane = threadIdx.x % 32;
     if (h.idle_ranks >> rank & 1) {   // no rows (its word sent): x not staged, nothing read that the next hop's senders may write
         if (!h.gamma) return 0;
@@ -904,22 +836,12 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
 #elif CS_NO_MATH >= 2
     inv_rms = 1.0f;   // (a measurement build: x neither normed nor staged)
     (void)gamma;
-#elif defined(CS_ATT_DIGITS)
-    inv_rms = digits_in ? 1.0f : cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #else
     inv_rms = cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, x, h.K, gamma, p.eps);
 #endif
     ring.tick(2);
     if (h.gamma) ring.release(0);
 #if !(CS_NO_MATH >= 2)
-#ifdef CS_ATT_DIGITS
-    if (digits_in) {
-        lx.load_chunks(reinterpret_cast<const unsigned char *>(x), h.K, SmallDiv(h.group_inv));
-        // every warp's x in its registers before any block's outputs can be in, and so before the
-        // next hop's senders may write where x is (the staging's barrier stood here for it)
-        cs_consumers_sync();
-    } else
-#endif
     lx.load(s->digits, s->u, h.K, SmallDiv(h.group_inv));
 #endif
     ring.stamp_mark();
@@ -1174,12 +1096,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
                 const float4 pw = *reinterpret_cast<const float4 *>(&part[w][d]);
                 a.x = fmaf(f[w], pw.x, a.x), a.y = fmaf(f[w], pw.y, a.y), a.z = fmaf(f[w], pw.z, a.z), a.w = fmaf(f[w], pw.w, a.w);
             }
-#ifdef CS_ATT_DIGITS
-            if (p.att_digits) {
-                cs_send_digits(dst_at, bar_at, to, head * p.hs + d, make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv));
-                continue;
-            }
-#endif
             cs_send4(dst_at + 4 * (head * p.hs + d), bar_at, to, a.x * inv, a.y * inv, a.z * inv, a.w * inv);
         }
         if (nth == 0) ring.tick(7);
@@ -1247,15 +1163,8 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
-#ifdef CS_ATT_DIGITS
-        // (the hop after an attention is the output projection, which has no norm: cs_linear_ok)
-        const bool digits_in = p.att_digits && i > 0 && s->hops[i - 1].kind == CS_ATTN;
-        piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                   : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at, digits_in);
-#else
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
-#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1269,10 +1178,8 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
     if (stamp) cs_stamp(p.trace, 2 + p.n_hops);
     if (rank == 0) {
         for (int i = threadIdx.x; i < p.dim; i += kCsConsumers) p.out[i] = s->res[i];
-#ifdef CS_CLS_FLAG
         cs_consumers_sync();   // every consumer's part of x written, before the release that publishes them
         if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.x_ready), "l"(p.launch) : "memory");
-#endif
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");   // the KV stores, before the next step's copies read them
 }
@@ -1314,14 +1221,6 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     c.best[1] = 0ull;   // (the next step's blocks start after this kernel has finished)
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
-#ifdef CS_EMB_PREFETCH
-    // CS_EMB_PREFETCH, a measurement build (NOTES 191, 193): the token's embedding row and its
-    // scales asked of L2 now, so that the next step's first loads, after this grid's end, find them
-    const unsigned char *row = c.emb + (size_t)token * c.emb_row_bytes;
-    for (int at = 0; at < c.emb_used_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at));
-    if (c.emb_scales)
-        for (int at = 0; at < c.emb_scale_bytes; at += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c.emb_scales + (size_t)token * c.emb_scale_bytes + at));
-#endif
     if (c.trace) cs_stamp(c.trace, 1);
 }
 
@@ -1368,14 +1267,15 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
     pdl_release();   // the next step's layers may start streaming
     if (warp == 0) cs_copy_rows(c, s, row0, held);   // (lane 0 initialised the barrier and copies)
     cs_cls_phase(c, 5);
-#ifdef CS_CLS_FLAG
-    if (threadIdx.x == 0) {   // the layers' x, as their rank 0 publishes it (their grid may not have ended)
+    // The layers' x, as their rank 0 publishes it (their grid may not have ended). Thread 0 polls
+    // alone while the block's other threads wait at its barrier, which a lone lane's loop does not
+    // hold up as griddepcontrol.wait does (NOTES 192). It cannot wait forever: this grid starts
+    // only once every layers block has run its launch_dependents, so all of them are resident
+    // (or, without PDL, once they have ended).
+    if (threadIdx.x == 0) {
         unsigned long long ready = 0;
         while (ready < c.launch) asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(ready) : "l"(c.x_ready) : "memory");
     }
-#else
-    pdl_wait();      // the layers: x
-#endif
     if (c.trace && blockIdx.x == 0 && threadIdx.x == 0) cs_stamp(c.trace, 0);
     __syncthreads();   // the barrier initialised
     cs_wait(cs_saddr(&s->landed), 0, CS_AT_LANDED, 0);
@@ -1416,9 +1316,7 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
-#ifdef CS_CLS_FLAG
     if (threadIdx.x == 0) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
-#endif
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
@@ -1455,11 +1353,7 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
 // ---------------------------------------------------------------------------------------------
 // Host side: the schedule from the recorded step (the same MegaStage list the megakernel takes).
 
-#ifdef CS_CLS_FLAG
 constexpr int kCsBestWords = 3;   // CsClsParams::best's two, then x_ready (0: no launch yet)
-#else
-constexpr int kCsBestWords = 2;   // CsClsParams::best
-#endif
 
 struct GpuCluster {
     CsParams p;
@@ -1470,9 +1364,7 @@ struct GpuCluster {
     int cls_blocks, positions;
     unsigned long long *best;  // CsClsParams::best
     void (*layers)(CsParams);
-#ifdef CS_CLS_FLAG
-    unsigned long long launches;   // CS_CLS_FLAG: the launches so far
-#endif
+    unsigned long long launches;   // the launches so far (CsClsParams::launch)
 };
 
 namespace {
@@ -1533,9 +1425,6 @@ static void cs_hop_sends(CsHop *hops, const CsParams &p) {
         for (int r = 0; r < p.cluster; r++)
             if (h.kind == CS_ATTN ? r >= p.n_heads : cs_mine(h, r) == 0) h.idle_ranks |= 1u << r;
         h.expect = 4 * (h.kind == CS_ATTN ? p.q_dim : h.kind == CS_SWIGLU ? h.rows / 2 : h.rows);
-#ifdef CS_ATT_DIGITS
-        if (h.kind == CS_ATTN && p.att_digits) h.expect = 52 * (p.q_dim / 16);   // (cs_send_digits)
-#endif
         h.expect += 4 * __builtin_popcount(h.idle_ranks);
     }
 }
@@ -1728,9 +1617,6 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     const int esize = at.kv_half ? 2 : 4;
     p.dim = qkv.w[0]->cols, p.q_dim = at.n_heads * at.head_size, p.kvd = at.n_kv_heads * at.head_size;
     p.n_heads = at.n_heads, p.n_kv_heads = at.n_kv_heads, p.hs = at.head_size, p.seq = at.seq_len, p.vocab = cls.w[0]->rows;
-#ifdef CS_ATT_DIGITS
-    p.att_digits = p.hs % 16 == 0;
-#endif
     p.per = kCsSlotBytes / (at.head_size * esize) < 256 ? kCsSlotBytes / (at.head_size * esize) : 256;
     p.att_scale = 1.0f / sqrtf((float)at.head_size), p.kv_group = at.n_heads / at.n_kv_heads;
     p.per_inv = small_div_inverse(p.per), p.kv_group_inv = small_div_inverse(p.kv_group), p.quads_inv = small_div_inverse(at.head_size / 4);
@@ -1755,16 +1641,8 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     p.hops = c->hops;
     CUDA_CHECK(cudaMalloc(&c->best, kCsBestWords * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemsetAsync(c->best, 0, kCsBestWords * sizeof(unsigned long long), g->stream));
-#ifdef CS_CLS_FLAG
     p.x_ready = c->c.x_ready = c->best + 2;
-#endif
     c->c.copy_span_ns = (unsigned long long)p.n_hops * kCsClsSpanPerHop;
-#ifdef CS_EMB_PREFETCH
-    c->c.emb = p.emb_q ? (const unsigned char *)p.emb_q : (const unsigned char *)p.emb_f;
-    c->c.emb_scales = p.emb_q ? (const unsigned char *)p.emb_s : NULL;
-    c->c.emb_row_bytes = p.emb_q ? p.emb_stride : 4 * p.emb_stride, c->c.emb_used_bytes = p.emb_q ? p.dim : 4 * p.dim;
-    c->c.emb_scale_bytes = 4 * p.emb_groups;
-#endif
     c->c.best = c->best, c->c.inputs = g->inputs, c->c.argmax = g->argmax, c->c.step_tokens = g->step_tokens_dev;
 #ifdef CS_TRACE
     const size_t trace_words = cs_boundary_at(p.n_hops, p.cluster) + 2;   // the stamps, ticks, phases, pieces and the boundary
@@ -1973,16 +1851,11 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(c->p.cluster), cfg.blockDim = dim3(kCsThreads), cfg.dynamicSmemBytes = c->smem, cfg.stream = g->stream;
     cfg.attrs = attrs, cfg.numAttrs = 2;
-#ifdef CS_CLS_FLAG
     CsParams p = c->p;
     CsClsParams cls = c->c;
     p.launch = cls.launch = ++const_cast<GpuCluster *>(c)->launches;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
-#else
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, c->p));
-    launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, c->c);
-#endif
 #ifdef CS_TRACE
     static int launches = 0;   // (the process's: a measurement runs one model)
     if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
