@@ -1222,6 +1222,9 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
     if (c.trace) cs_stamp(c.trace, 1);
+#ifdef CS_CLS_WAIT_LAST
+    pdl_wait();   // (CS_CLS_WAIT_LAST: the grid's last block out ends after the layers', so the grid does)
+#endif
 }
 
 // CS_TRACE: block 0's thread 0 stamps the classifier's phase k (kCsClsPhases).
@@ -1316,7 +1319,11 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+#ifndef CS_CLS_WAIT_LAST
+    // CS_CLS_WAIT_LAST, a measurement build (NOTES 197): only the last block out waits, after it
+    // has fed the token, so that no block's count waits for the layers' grid
     if (threadIdx.x == 0) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
+#endif
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
