@@ -550,12 +550,8 @@ struct CsLaneXOf {
     // x as staged (cs_stage_digits): plane pl's words in digits[pl], a step a group of 8 chunks
     template <int kWords>
     __device__ void load(const uint32_t (*digits)[kWords], const float *u_of, int K, SmallDiv group_of) {
-        load_by([=](int c, int pl) { return reinterpret_cast<const uint4 *>(digits[pl])[c]; }, [=](int c) { return u_of[c / 8]; }, K,
-                group_of);
-    }
-    // chunk c's plane pl by digit(c, pl), its step by step_of(c)
-    template <class Digit, class Step>
-    __device__ __forceinline__ void load_by(Digit digit, Step step_of, int K, SmallDiv group_of) {
+        auto digit = [=](int c, int pl) { return reinterpret_cast<const uint4 *>(digits[pl])[c]; };   // chunk c's plane pl
+        auto step_of = [=](int c) { return u_of[c / 8]; };
         const int lane = threadIdx.x % 32;
         chunks = (K + 15) / 16;
         full = chunks;
@@ -1319,9 +1315,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
+    // (CS_CLS_WAIT_LAST, a measurement build (NOTES 197): only the last block out waits, after it
+    // has fed the token, so that no block's count waits for the layers' grid)
 #ifndef CS_CLS_WAIT_LAST
-    // CS_CLS_WAIT_LAST, a measurement build (NOTES 197): only the last block out waits, after it
-    // has fed the token, so that no block's count waits for the layers' grid
     if (threadIdx.x == 0) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
 #endif
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
@@ -1864,8 +1860,7 @@ extern "C" void gpu_cluster_launch(GpuCtx *g, const GpuCluster *c) {
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, c->layers, p));
     launch(g, "cs_classifier_kernel", cs_classifier_kernel, dim3(c->cls_blocks), dim3(kCsClsThreads), c->cls_smem, cls);
 #ifdef CS_TRACE
-    static int launches = 0;   // (the process's: a measurement runs one model)
-    if (++launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
+    if (c->launches == 101) cs_trace_report(g, c);   // (never captured: it may wait for the stream)
 #endif
 }
 
