@@ -497,7 +497,20 @@ static int load_q8lm(Src *f, Model *m) {
     return 0;
 }
 
+// A model as downloaded (GGUF, or a safetensors file: 8 bytes of header length, then its JSON)
+// is quantize's input, not run's: say so, rather than read its bytes as a llama2.c header.
+static int refuse_download(Src *f) {
+    if (f->bytes >= 4 && !memcmp(f->base, "GGUF", 4))
+        return fail(f, "a GGUF file: convert it first with `quantize FILE.gguf OUT.bin`, then run OUT.bin");
+    uint64_t json_bytes = 0;
+    if (f->bytes >= 9) memcpy(&json_bytes, f->base, 8);
+    if (f->bytes >= 9 && f->base[8] == '{' && json_bytes <= f->bytes - 8)
+        return fail(f, "a safetensors file: quantize reads the Hugging Face directory that holds it and its config.json (`quantize DIR OUT.bin`)");
+    return 0;
+}
+
 static int load_mapped(Src *f, Model *m) {
+    if (refuse_download(f)) return -1;
     if (f->bytes < 8) return fail(f, "file is too short to hold any checkpoint header");
     uint32_t magic;
     memcpy(&magic, f->base, 4);
@@ -524,8 +537,11 @@ int load_model_as(const char *path, Model *m, int how, char *err) {
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int stat_ok = fstat(fd, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
         close(fd);
+        if (stat_ok && S_ISDIR(st.st_mode))
+            return fail(&f, "a directory, not a checkpoint: a Hugging Face model is converted first with `quantize DIR OUT.bin`, then run OUT.bin");
         return fail(&f, "not a regular file");
     }
     f.bytes = (size_t)st.st_size;

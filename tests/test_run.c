@@ -933,6 +933,33 @@ static void mutate_i32(const char *name, const unsigned char *good, size_t n, si
     expect_refused(name, bad, n, keyword);
 }
 
+// What quantize reads (a GGUF file, a safetensors file, a Hugging Face directory) given to run: a
+// line that says to convert it, not its bytes read as a llama2.c header. The same bytes with the
+// safetensors header's length past the file stay a (nonsense) llama2.c header.
+static void downloads_refused(const unsigned char *good, size_t n) {
+    unsigned char *bad = talloc(n);
+    memcpy(bad, good, n);
+    memcpy(bad, "GGUF\3\0\0\0", 8);
+    expect_refused("a GGUF file given to run says to convert it", bad, n, "GGUF file: convert it first");
+    uint64_t json_bytes = 64;
+    memcpy(bad, &json_bytes, 8);
+    bad[8] = '{';
+    expect_refused("a safetensors file given to run says to convert it", bad, n, "safetensors file: quantize reads the Hugging Face directory");
+    json_bytes = n;   // 8 + n bytes: longer than the file
+    memcpy(bad, &json_bytes, 8);
+    char *path = tpath("bad.bin"), err[ERR_LEN] = "";
+    Model m;
+    write_file(path, bad, n);
+    int rc = load_model(path, &m, err);
+    if (rc == 0) free_model(&m);
+    check(rc == -1 && !strstr(err, "safetensors"), "a header length past the file is not taken for safetensors",
+          "rc %d, message \"%s\"", rc, err);
+    rc = load_model(tmpdir, &m, err);
+    if (rc == 0) free_model(&m);
+    check(rc == -1 && strstr(err, tmpdir) == err && strstr(err, "a directory, not a checkpoint"),
+          "a directory given to run says to convert it", "rc %d, message \"%s\"", rc, err);
+}
+
 // Cut points: inside the header, at its end, in the weights, one byte short; and one byte extra.
 static void truncations(const char *fmt, const unsigned char *good, size_t n) {
     size_t cuts[] = {0, 3, 8, 27, 28, 100, 255, 256, n / 3, n / 2, n - 1};
@@ -1045,6 +1072,7 @@ static void test_loaders(void) {
     memcpy(wrong, b1, n1);
     wrong[0] ^= 0xFF;   // neither magic: read as a legacy header of nonsense
     expect_refused("v1 with a wrong magic is refused", wrong, n1, NULL);
+    downloads_refused(b1, n1);
     free_model(&m0);
     arena_free();
 }
