@@ -17,6 +17,8 @@
 #      on each of SAN_MODELS (default "stories260K wide576 wide1024"; 6 tokens, the wide models 3:
 #      racecheck of the 1,024-wide one at 6 ran past its timeout, bench/NOTES.md 179), JOBS (default
 #      6) runs side by side, each at most TIMEOUT seconds (default 240).
+# A run of steps 1 and 2 that takes over RUN_TIMEOUT seconds (default 120) fails: a variant whose
+# schedule hangs fails there (in step 1 the script ends), rather than holding the machine to its limit.
 # Ends with "N passed, N failed, 0 skipped" over steps 2, 3 and 5.
 # Usage (a machine with a GPU, models/stories260K.bin and models/tok512.bin present: make models):
 #   sh bench/cluster_ab.sh "-DCS_A" "-DCS_A -DCS_B"
@@ -79,7 +81,7 @@ reference() {   # ref, run's arguments
 }
 same_text() {   # variant, ref, run's arguments
     v=$1 ref=$2; shift 2
-    [ -f "$ref" ] && "$tune/$v/run" "$@" -t 0 --cluster-step > "$tune/cs.txt" 2> "$tune/cs.err" &&
+    [ -f "$ref" ] && timeout "${RUN_TIMEOUT:-120}" "$tune/$v/run" "$@" -t 0 --cluster-step > "$tune/cs.txt" 2> "$tune/cs.err" &&
         grep -q "decode cluster step" "$tune/cs.err" && cmp -s "$ref" "$tune/cs.txt"
 }
 for kv in "" --kv-fp32; do reference "$tune/ref$kv.txt" $m -z $T -n 200 $kv; done

@@ -7,7 +7,8 @@
 # Usage (a machine with a GPU):
 #   sh bench/tune.sh "" "-DMK_IN_FLIGHT=2" "-DQ8_TMA_STAGES=2 -DQ8_TMA_BLOCKS=4"     ("": as it is)
 # ROWS (default 7b): any of 7b, 7b-4096 (a prompt of about 3,400 tokens decoded to 4096),
-# tinyllama, stories15m, smollm2; PASSES (default 2); FLAGS (run's, default "-t 0").
+# tinyllama, stories15m, smollm2; PASSES (default 2); FLAGS (run's, default "-t 0"); RUN_TIMEOUT
+# (seconds a run may take, default 120).
 set -eu
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: sh bench/tune.sh \"-D...=v ...\" ..." >&2; exit 2; }
@@ -33,8 +34,9 @@ row() {   # label, model, positions (-n), prompt
         pass=$((pass + 1)) n=0 line=
         for v in $variants; do
             n=$((n + 1))
-            "$tune/$n/run" "$2" -z tokenizer.bin -p "$4" -n "$3" ${FLAGS:--t 0} > "$tune/$n.txt" 2> "$tune/run.err" ||
-                { echo "tune: variant $n failed:"; cat "$tune/run.err"; exit 1; }
+            # (a variant that hangs fails here, rather than holding the run until the machine's own limit)
+            timeout "${RUN_TIMEOUT:-120}" "$tune/$n/run" "$2" -z tokenizer.bin -p "$4" -n "$3" ${FLAGS:--t 0} > "$tune/$n.txt" 2> "$tune/run.err" ||
+                { echo "tune: variant $n failed (status $?):"; cat "$tune/run.err"; exit 1; }
             same=; [ $n -gt 1 ] && ! cmp -s "$tune/1.txt" "$tune/$n.txt" && same=" (text differs)"
             line="$line | $n: $(rate "$tune/run.err")$same"
         done

@@ -95,7 +95,8 @@ constexpr int kCsClsChunk = 32768;   // a classifier block's rows copied in piec
 // build): all at once (NOTES 192).
 constexpr unsigned kCsClsSpanPerHop = CS_CLS_SPAN_PER_HOP;
 
-enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
+// (CS_W2_SUM: CS_SPLIT_W2's second half of a layer's MLP, below.)
+enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU, CS_W2_SUM };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
 // rows_per_piece a slot), or the attention (a block a head). Records: a row's int8 weights padded
 // to 16 bytes, its FP32 group scales, then (QKV with biases, at bias_at) its bias; rec bytes each,
@@ -429,6 +430,18 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
+#ifdef CS_SPLIT_W2
+        if (h.kind == CS_W2_SUM) {   // the block's slice of w2, every row (none without hidden values)
+            if (cs_mine(s->hops[i - 1], rank) == 0) continue;
+            const unsigned char *slice = h.w + (size_t)rank * h.rows * h.rec;
+            for (int r = 0; r < h.rows; r += h.rows_per_piece) {
+                const int bytes = min(h.rows_per_piece, h.rows - r) * h.rec, slot = slot_for(bytes);
+                bulk_copy_counted(cs_saddr(s->ring[slot]), slice + (size_t)r * h.rec, bytes, cs_saddr(&s->full[slot]));
+                issued(4 * i + CS_PIECE_ROWS);
+            }
+            continue;
+        }
+#endif
         if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
@@ -799,6 +812,111 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
     return piece;
 }
 
+#ifdef CS_SPLIT_W2
+// CS_SPLIT_W2, a measurement build (bench/NOTES.md 198): w2 by columns. Each block multiplies its
+// own SwiGLU outputs (its hidden values, which it keeps instead of sending them to every block) by
+// its columns of w2 for every row, and sends each row's partial sum to the block that owns the row
+// (w2's rows dealt as a residual hop's); the owners add the partials to the residual stream in
+// the senders' order and send the sums to every block (the W2_SUM hop, which has no rows of its
+// own). A layer's hand-overs stay five, but w2's hop no longer stages a hidden-wide x nor reads
+// hidden-long rows: what it costs is the SwiGLU hop's small staging of its own values and a row
+// of a few chunks a thread.
+//   The SwiGLU hop's rows_per_block is a multiple of 32 (its hidden values a multiple of 16 wide,
+// so that a 16-column chunk of w2's slice lies in one of its groups); its block keeps them at the
+// start of its hop's x buffer (the W2_SUM hop's input), where nothing lands during the hop, and
+// the partials land kCsPartAt floats on ([sender][rows_per_block of the owner]). A block's slice
+// records: w2's rows' int8 weights over its hidden values (K), a scale a 16-column chunk, padded
+// to an odd multiple of 16 bytes so that a warp's consecutive rows start in different banks.
+constexpr int kCsPartAt = 512;
+static_assert(kCsPartAt + kCsMaxDim <= kCsMaxX && kCsMaxDim / 8 % 8 == 0,
+              "w2's partials (a cluster's blocks x a residual hop's rows_per_block) fit past the hidden values");
+
+// A warp's 8 SwiGLU rows' outputs (lanes 4q..4q+3 hold row first + q's, an even row its pair's
+// output; n of them are rows; first even, counted from the block's first row) kept in the
+// block's own hidden values (hidden[(first + q) / 2]).
+__device__ __forceinline__ void cs_keep_pairs8(float *hidden, float out, int first, int n) {
+    float o[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) o[q] = __shfl_sync(~0u, out, 8 * q);
+    if (threadIdx.x % 32) return;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (2 * q < n) hidden[first / 2 + q] = o[q];
+}
+
+// A row of a block's w2 slice (K int8 weights, then a scale a 16-column chunk) times the block's
+// hidden values as staged (cs_stage_digits: digits, and a step a group of 8 chunks), chunks [0, n).
+__device__ __forceinline__ float cs_slice_row(const unsigned char *row, int K, int n, const uint32_t (*digits)[kCsMaxX / 4], const float *u) {
+    const uint4 *w = reinterpret_cast<const uint4 *>(row);
+    const float *scale = reinterpret_cast<const float *>(row + K);
+    float acc = 0.0f;
+    for (int c = 0; c < n; c++) {
+        const uint4 d0 = reinterpret_cast<const uint4 *>(digits[0])[c], d1 = reinterpret_cast<const uint4 *>(digits[1])[c],
+                    d2 = reinterpret_cast<const uint4 *>(digits[2])[c];
+        acc += scale[c] * u[c / 8] * cs_dot_digits(w[c], d0, d1, d2);
+    }
+    return acc;
+}
+
+// After a SwiGLU hop's rows: the block's hidden values staged, its slice of w2 (the ring's next
+// pieces) times them, a thread a row, and each row's partial sum sent to its owner (four rows a
+// send, at part_at + 4 * (rank * w2.rows_per_block + the row's place in the owner's rows)); a word
+// to each block that owns no row. Returns the pieces it took.
+__device__ int cs_w2_slice(const CsParams &p, CsSmem *s, const CsHop &swiglu, const CsHop &w2, int rank, const CsRing &ring,
+                           const float *hidden, uint32_t part_at, uint32_t bar_at) {
+    const int K = cs_mine(swiglu, rank) / 2, lane = threadIdx.x % 32;
+    if (!K) return 0;   // (no hidden values: its word went to every block as the hop began)
+    cs_consumers_sync();   // every warp's hidden values kept
+    cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, hidden, K, nullptr, p.eps);
+    const int pieces = (w2.rows + w2.rows_per_piece - 1) / w2.rows_per_piece, chunks = (K + 15) / 16;
+    for (int j = 0; j < pieces; j++) ring.wait(j);
+    for (int r0 = 0; r0 < w2.rows; r0 += kCsConsumers) {   // (the warp's lanes alike)
+        const int r = r0 + threadIdx.x;
+        float v = 0.0f;
+        if (r < w2.rows) {
+            const int piece = r / w2.rows_per_piece;
+            v = cs_slice_row(ring.at(piece) + (size_t)(r - piece * w2.rows_per_piece) * w2.rec, w2.K, chunks, s->digits, s->u);
+        }
+        const float v1 = __shfl_down_sync(~0u, v, 1), v2 = __shfl_down_sync(~0u, v, 2), v3 = __shfl_down_sync(~0u, v, 3);
+        if (lane % 4 == 0 && r < w2.rows) {   // (rows a multiple of 4, owners' rows a multiple of 8)
+            const int to = r / w2.rows_per_block;
+            cs_send4(part_at + 4 * (rank * w2.rows_per_block + r - to * w2.rows_per_block), bar_at, to, v, v1, v2, v3);
+        }
+    }
+    if (threadIdx.x < p.cluster && (w2.idle_ranks >> threadIdx.x & 1)) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+    __syncwarp();
+    for (int j = 0; j < pieces; j++) ring.release(j);
+    return pieces;
+}
+
+// The bytes that the W2_SUM hop's input barrier counts in this block: from each block with hidden
+// values its partials of the block's rows, from each other block a word; a block that owns no row,
+// a word from every block.
+__device__ __forceinline__ int cs_w2_expect(const CsParams &p, const CsHop &swiglu, const CsHop &w2, int rank) {
+    const int senders = p.cluster - __popc(swiglu.idle_ranks), own = cs_mine(w2, rank);
+    return own ? 4 * (own * senders + p.cluster - senders) : 4 * p.cluster;
+}
+
+// The W2_SUM hop: the block's rows of the residual stream plus the partials of them from each
+// block with hidden values (part: [cluster][rows_per_block], added in the senders' order), sent to
+// every block's residual stream, a warp 4 rows at a time, lane d to block d.
+__device__ void cs_w2_sum_hop(const CsParams &p, CsSmem *s, const CsHop &h, unsigned idle_senders, int rank, const float *part,
+                              uint32_t bar_at) {
+    const int own = cs_mine(h, rank), row0 = rank * h.rows_per_block, lane = threadIdx.x % 32;
+    const uint32_t res_at = cs_saddr(s->res);
+    for (int q = threadIdx.x / 32; q < own / 4; q += kCsWarps) {
+        float4 a = *reinterpret_cast<const float4 *>(&s->res[row0 + 4 * q]);
+        for (int b = 0; b < p.cluster; b++) {
+            if (idle_senders >> b & 1) continue;
+            const float4 v = *reinterpret_cast<const float4 *>(&part[b * h.rows_per_block + 4 * q]);
+            a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
+        }
+        __syncwarp();   // every lane's reads of the rows done before a send lands in this block's own copy
+        if (lane < p.cluster) cs_send4(res_at + 4 * (row0 + 4 * q), bar_at, lane, a.x, a.y, a.z, a.w);
+    }
+}
+#endif
+
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
@@ -869,6 +987,10 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
+#ifdef CS_SPLIT_W2
+            if (h.kind == CS_SWIGLU) cs_keep_pairs8(dst, out, r0 + b, in_piece - b);
+            else
+#endif
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
             if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
@@ -1158,9 +1280,26 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // write where this hop's input was) starts before every block's input is in, and no
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+#ifdef CS_SPLIT_W2
+        const int expect = h.kind == CS_SWIGLU ? cs_w2_expect(p, h, s->hops[i + 1], rank) : h.expect;
+        if (threadIdx.x == 0) mbar_arrive_expect(bar_at, expect);
+        if (h.kind == CS_ATTN) {
+            piece += cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at);
+        } else if (h.kind == CS_W2_SUM) {
+            cs_w2_sum_hop(p, s, h, s->hops[i - 1].idle_ranks, rank, x + kCsPartAt, bar_at);
+        } else {
+            piece += cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
+            if (h.kind == CS_SWIGLU) {
+                CsRing after = ring;
+                after.base = piece;
+                piece += cs_w2_slice(p, s, h, s->hops[i + 1], rank, after, dst, cs_saddr(dst + kCsPartAt), bar_at);
+            }
+        }
+#else
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
+#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1351,6 +1490,27 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
     }
 }
 
+#ifdef CS_SPLIT_W2
+// CS_SPLIT_W2's slices of w2 (rows x cols, int8 with groups of gs along cols): block b * rows + r
+// writes record r of slice b (columns [b K, b K + K), zeros past cols; a scale a 16-column chunk).
+__global__ void cs_pack_slices_kernel(unsigned char *out, const int8_t *q, const float *scales, int stride, int groups, int gs, int rows,
+                                      int cols, int K, int rec) {
+    const int b = blockIdx.x / rows, r = blockIdx.x - b * rows, col0 = b * K;
+    unsigned char *rec_out = out + (size_t)blockIdx.x * rec;
+    for (int i = threadIdx.x; i < rec; i += blockDim.x) {
+        unsigned char byte = 0;
+        if (i < K) {
+            if (col0 + i < cols) byte = (unsigned char)q[(size_t)r * stride + col0 + i];
+        } else if (i < K + 4 * (K / 16)) {
+            const int col = col0 + 16 * ((i - K) / 4);
+            const float v = col < cols ? scales[(size_t)r * groups + col / gs] : 0.0f;
+            byte = reinterpret_cast<const unsigned char *>(&v)[(i - K) % 4];
+        }
+        rec_out[i] = byte;
+    }
+}
+#endif
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1404,6 +1564,9 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.bias_at = bias ? cs_scales_at(K) + 4 * groups : 0;
     h.rec = cs_scales_at(K) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
+#ifdef CS_SPLIT_W2
+    if (kind == CS_SWIGLU) h.rows_per_block = round_up(h.rows_per_block, 32);   // (a block's hidden values in whole chunks of 16)
+#endif
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
     if (pack) {
         CsPackSrc src = {};
@@ -1418,6 +1581,30 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     *at += (size_t)h.rows * h.rec;
     return h;
 }
+
+#ifdef CS_SPLIT_W2
+// CS_SPLIT_W2's W2_SUM hop for w2 (c) after the SwiGLU hop swiglu: its rows dealt to their owners
+// as a residual hop's, and each block's slice of w2's columns (its hidden values') packed at *at
+// (pack NULL: only counted), one block's slice after another.
+static CsHop cs_w2_slices(const LinearCall &c, const CsHop &swiglu, int cluster, unsigned char *pack, size_t *at, int layer, GpuCtx *g) {
+    const Mat *w = c.w[0];
+    const int K = swiglu.rows_per_block / 2, senders = ceil_div_i(swiglu.rows / 2, K);
+    CsHop h = {};
+    h.kind = CS_W2_SUM, h.layer = layer, h.K = K, h.rows = w->rows;
+    h.rec = round_up(K + 4 * (K / 16), 16);
+    if (h.rec / 16 % 2 == 0) h.rec += 16;   // (an odd number of 16-byte units: consecutive rows in different banks)
+    h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
+    h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
+    h.group_chunks = 1, h.group_inv = small_div_inverse(1);
+    if (pack) {
+        h.w = pack + *at;
+        launch(g, "cs_pack_slices_kernel", cs_pack_slices_kernel, dim3(senders * h.rows), dim3(128), 0, pack + *at, w->q, w->s, w->stride,
+               w->groups, w->gs, h.rows, w->cols, K, h.rec);
+    }
+    *at += (size_t)senders * h.rows * h.rec;
+    return h;
+}
+#endif
 
 // Each hop's bytes into a block's input barrier (its outputs, as each block's copy, and a word from
 // each block with nothing to send) and those blocks: no rows, or no head.
@@ -1465,7 +1652,15 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
         hops[5 * l + 1].kind = CS_ATTN, hops[5 * l + 1].layer = l;
         hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
         hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
+#ifdef CS_SPLIT_W2
+        hops[5 * l + 4] = cs_w2_slices(s[4].linear, hops[5 * l + 3], cluster, pack, bytes, l, g);
+        const CsHop &w2 = hops[5 * l + 4];   // (its partials past the hidden values, its slice in the ring at once)
+        if (cluster * w2.rows_per_block > kCsMaxX - kCsPartAt || round_up(w2.K, kCsGroup) > kCsPartAt ||
+            ceil_div_i(w2.rows, w2.rows_per_piece) > kCsSlots)
+            return snprintf(why, ERR_LEN, "CS_SPLIT_W2: width %d or hidden %d past what it holds", w2.rows, hops[5 * l + 3].rows / 2), false;
+#else
         hops[5 * l + 4] = cs_hop(s[4].linear, CS_RESID, cluster, pack, bytes, l, g);
+#endif
     }
     if (!cs_linear_ok(st[n - 1], LINEAR_PLAIN, res, NULL, 0, true, why)) return false;
     return true;
@@ -1474,7 +1669,11 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
 // The layers' kernel for a model: its cache's type, and a lane's chunks of x as few as hold the
 // widest x of a hop (the model's width, the output projection's q, w2's hidden width).
 static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
+#ifdef CS_SPLIT_W2
+    const int widest = max(st[1].linear.w[0]->cols, at.n_heads * at.head_size);   // (no hop stages w2's hidden-wide x)
+#else
     const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
+#endif
     bool few = widest <= 16 * 32 * kCsFewChunks;   // (a chunk a lane: 16 columns x 32 lanes a pass)
 #ifdef CS_WIDE_ONLY
     few = false;
@@ -1664,6 +1863,8 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 }
 
 #ifdef CS_TRACE
+// The kind a hop is reported as (CS_SPLIT_W2's W2_SUM hops with the residual hops).
+static int cs_report_kind(int kind) { return kind == CS_W2_SUM ? CS_RESID : kind; }
 // ns from stamp a to stamp b (%globaltimer, or clock64), signed: the difference taken in 64 bits
 // first (a stamp as a double rounds to 256 ns).
 static double cs_ns(unsigned long long a, unsigned long long b) { return (double)(long long)(b - a); }
@@ -1730,7 +1931,7 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     CsHop hops[kCsMaxHops];
     CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; i++) {
-        const int k = hops[i].kind;
+        const int k = cs_report_kind(hops[i].kind);
         kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
         if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3;   // (attention: block 0 has a head)
         work_us[k] += cs_ns(t[2 + i], t[3 * n + 5 + i]) / 1e3;
@@ -1807,7 +2008,7 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
         double mean[kCsTicks] = {0}, crit[kCsTicks] = {0}, span = 0, gap = 0;
         int mean_n[kCsTicks] = {0}, crit_n[kCsTicks] = {0}, spans = 0, gaps = 0;
         for (int i = 0; i < n; i++) {
-            if (hops[i].kind != kind) continue;
+            if (cs_report_kind(hops[i].kind) != kind) continue;
             unsigned long long first = ~0ull, last = 0;
             for (int r = 0; r < R; r++) {
                 int slow = -1;
