@@ -95,8 +95,11 @@ constexpr int kCsClsChunk = 32768;   // a classifier block's rows copied in piec
 // build): all at once (NOTES 192).
 constexpr unsigned kCsClsSpanPerHop = CS_CLS_SPAN_PER_HOP;
 
-// (CS_W2_SUM: CS_SPLIT_W2's second half of a layer's MLP, below.)
-enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU, CS_W2_SUM };
+// (CS_SUM: a residual hop by columns, CS_SPLIT_W2's and CS_SPLIT_WO's, below.)
+enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU, CS_SUM };
+#if defined(CS_SPLIT_W2) || defined(CS_SPLIT_WO)
+#define CS_SPLIT 1
+#endif
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
 // rows_per_piece a slot), or the attention (a block a head). Records: a row's int8 weights padded
 // to 16 bytes, its FP32 group scales, then (QKV with biases, at bias_at) its bias; rec bytes each,
@@ -136,6 +139,9 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
+#ifdef CS_SPLIT_WO
+    int wo_split;   // the output projection by columns (its hops CS_SUM): the attention keeps its outputs
+#endif
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -384,6 +390,15 @@ __host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
     return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block));
 }
 
+#ifdef CS_SPLIT
+// CS_SPLIT's values a block keeps in hop h (the attention's: its heads' outputs; w1/w3's: its
+// hidden values) for the CS_SUM hop after it.
+__device__ __forceinline__ int cs_kept(const CsParams &p, const CsHop &h, int rank) {
+    if (h.kind == CS_ATTN) return rank < p.n_heads ? (p.n_heads - rank + p.cluster - 1) / p.cluster * p.hs : 0;
+    return cs_mine(h, rank) / 2;
+}
+#endif
+
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
 template <typename KV>
@@ -430,9 +445,9 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-#ifdef CS_SPLIT_W2
-        if (h.kind == CS_W2_SUM) {   // the block's slice of w2, every row (none without hidden values)
-            if (cs_mine(s->hops[i - 1], rank) == 0) continue;
+#ifdef CS_SPLIT
+        if (h.kind == CS_SUM) {   // the block's slice of the matrix, every row (none without kept values)
+            if (cs_kept(p, s->hops[i - 1], rank) == 0) continue;
             const unsigned char *slice = h.w + (size_t)rank * h.rows * h.rec;
             for (int r = 0; r < h.rows; r += h.rows_per_piece) {
                 const int bytes = min(h.rows_per_piece, h.rows - r) * h.rec, slot = slot_for(bytes);
@@ -812,24 +827,26 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
     return piece;
 }
 
-#ifdef CS_SPLIT_W2
-// CS_SPLIT_W2, a measurement build (bench/NOTES.md 198): w2 by columns. Each block multiplies its
-// own SwiGLU outputs (its hidden values, which it keeps instead of sending them to every block) by
-// its columns of w2 for every row, and sends each row's partial sum to the block that owns the row
-// (w2's rows dealt as a residual hop's); the owners add the partials to the residual stream in
-// the senders' order and send the sums to every block (the W2_SUM hop, which has no rows of its
-// own). A layer's hand-overs stay five, but w2's hop no longer stages a hidden-wide x nor reads
-// hidden-long rows: what it costs is the SwiGLU hop's small staging of its own values and a row
-// of a few chunks a thread.
-//   The SwiGLU hop's rows_per_block is a multiple of 32 (its hidden values a multiple of 16 wide,
-// so that a 16-column chunk of w2's slice lies in one of its groups); its block keeps them at the
-// start of its hop's x buffer (the W2_SUM hop's input), where nothing lands during the hop, and
-// the partials land kCsPartAt floats on ([sender][rows_per_block of the owner]). A block's slice
-// records: w2's rows' int8 weights over its hidden values (K), a scale a 16-column chunk, padded
-// to an odd multiple of 16 bytes so that a warp's consecutive rows start in different banks.
+#ifdef CS_SPLIT
+// CS_SPLIT_W2 and CS_SPLIT_WO, measurement builds (bench/NOTES.md 198, 199): a residual hop's
+// matrix (w2; the output projection) by columns. The hop before it (w1/w3; the attention) keeps
+// its outputs in each block instead of sending them to every block: the block's hidden values, or
+// its heads' attention outputs. After one barrier the block stages them and multiplies its columns
+// of the matrix by them for every row, a thread a row, and sends each row's partial sum to the
+// block that owns the row (the rows dealt as a residual hop's). The CS_SUM hop in the residual
+// hop's place has no rows: an owner adds the partials to its rows of the residual stream in the
+// senders' order (the same sums on every run) and sends them to every block, as the residual hop's
+// outputs went. A layer's hand-overs stay five; what goes is the residual hop's staging of a wide
+// x and its long rows, for a small staging and short rows in the hop before.
+//   The kept values lie at the start of that hop's x buffer (the CS_SUM hop's input), where
+// nothing lands during the hop, and the partials kCsPartAt floats on ([sender][the owner's
+// rows_per_block]). A block's slice records: the rows' int8 weights over its kept values (K; the
+// SwiGLU hop's rows_per_block a multiple of 32 and heads a multiple of 16 wide, so that a
+// 16-column chunk lies in one of the weights' groups), a scale a chunk, padded to an odd number of
+// 16-byte units so that a warp's consecutive rows start in different banks.
 constexpr int kCsPartAt = 512;
 static_assert(kCsPartAt + kCsMaxDim <= kCsMaxX && kCsMaxDim / 8 % 8 == 0,
-              "w2's partials (a cluster's blocks x a residual hop's rows_per_block) fit past the hidden values");
+              "the partials (a cluster's blocks x a residual hop's rows_per_block) fit past the kept values");
 
 // A warp's 8 SwiGLU rows' outputs (lanes 4q..4q+3 hold row first + q's, an even row its pair's
 // output; n of them are rows; first even, counted from the block's first row) kept in the
@@ -844,8 +861,8 @@ __device__ __forceinline__ void cs_keep_pairs8(float *hidden, float out, int fir
         if (2 * q < n) hidden[first / 2 + q] = o[q];
 }
 
-// A row of a block's w2 slice (K int8 weights, then a scale a 16-column chunk) times the block's
-// hidden values as staged (cs_stage_digits: digits, and a step a group of 8 chunks), chunks [0, n).
+// A row of a block's slice (K int8 weights, then a scale a 16-column chunk) times the block's
+// kept values as staged (cs_stage_digits: digits, and a step a group of 8 chunks), chunks [0, n).
 __device__ __forceinline__ float cs_slice_row(const unsigned char *row, int K, int n, const uint32_t (*digits)[kCsMaxX / 4], const float *u) {
     const uint4 *w = reinterpret_cast<const uint4 *>(row);
     const float *scale = reinterpret_cast<const float *>(row + K);
@@ -858,50 +875,49 @@ __device__ __forceinline__ float cs_slice_row(const unsigned char *row, int K, i
     return acc;
 }
 
-// After a SwiGLU hop's rows: the block's hidden values staged, its slice of w2 (the ring's next
-// pieces) times them, a thread a row, and each row's partial sum sent to its owner (four rows a
-// send, at part_at + 4 * (rank * w2.rows_per_block + the row's place in the owner's rows)); a word
-// to each block that owns no row. Returns the pieces it took.
-__device__ int cs_w2_slice(const CsParams &p, CsSmem *s, const CsHop &swiglu, const CsHop &w2, int rank, const CsRing &ring,
-                           const float *hidden, uint32_t part_at, uint32_t bar_at) {
-    const int K = cs_mine(swiglu, rank) / 2, lane = threadIdx.x % 32;
-    if (!K) return 0;   // (no hidden values: its word went to every block as the hop began)
-    cs_consumers_sync();   // every warp's hidden values kept
-    cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, hidden, K, nullptr, p.eps);
-    const int pieces = (w2.rows + w2.rows_per_piece - 1) / w2.rows_per_piece, chunks = (K + 15) / 16;
+// After the hop that kept K values (kept): them staged, the block's slice of the CS_SUM hop's
+// matrix (the ring's next pieces) times them, a thread a row, and each row's partial sum sent to
+// its owner (four rows a send, at part_at + 4 * (rank * sum.rows_per_block + the row's place in
+// the owner's rows)); a word to each block that owns no row. Returns the pieces it took.
+__device__ int cs_slice_partials(const CsParams &p, CsSmem *s, int K, const CsHop &sum, int rank, const CsRing &ring, const float *kept,
+                                 uint32_t part_at, uint32_t bar_at) {
+    const int lane = threadIdx.x % 32;
+    if (!K) return 0;   // (none kept: its word went to every block as the hop began)
+    cs_consumers_sync();   // every warp's values kept, every read of the scratch the staging writes done
+    cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, kept, K, nullptr, p.eps);
+    const int pieces = (sum.rows + sum.rows_per_piece - 1) / sum.rows_per_piece, chunks = (K + 15) / 16;
     for (int j = 0; j < pieces; j++) ring.wait(j);
-    for (int r0 = 0; r0 < w2.rows; r0 += kCsConsumers) {   // (the warp's lanes alike)
+    for (int r0 = 0; r0 < sum.rows; r0 += kCsConsumers) {   // (the warp's lanes alike)
         const int r = r0 + threadIdx.x;
         float v = 0.0f;
-        if (r < w2.rows) {
-            const int piece = r / w2.rows_per_piece;
-            v = cs_slice_row(ring.at(piece) + (size_t)(r - piece * w2.rows_per_piece) * w2.rec, w2.K, chunks, s->digits, s->u);
+        if (r < sum.rows) {
+            const int piece = r / sum.rows_per_piece;
+            v = cs_slice_row(ring.at(piece) + (size_t)(r - piece * sum.rows_per_piece) * sum.rec, sum.K, chunks, s->digits, s->u);
         }
         const float v1 = __shfl_down_sync(~0u, v, 1), v2 = __shfl_down_sync(~0u, v, 2), v3 = __shfl_down_sync(~0u, v, 3);
-        if (lane % 4 == 0 && r < w2.rows) {   // (rows a multiple of 4, owners' rows a multiple of 8)
-            const int to = r / w2.rows_per_block;
-            cs_send4(part_at + 4 * (rank * w2.rows_per_block + r - to * w2.rows_per_block), bar_at, to, v, v1, v2, v3);
+        if (lane % 4 == 0 && r < sum.rows) {   // (rows a multiple of 4, owners' rows a multiple of 8)
+            const int to = r / sum.rows_per_block;
+            cs_send4(part_at + 4 * (rank * sum.rows_per_block + r - to * sum.rows_per_block), bar_at, to, v, v1, v2, v3);
         }
     }
-    if (threadIdx.x < p.cluster && (w2.idle_ranks >> threadIdx.x & 1)) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
+    if (threadIdx.x < p.cluster && (sum.idle_ranks >> threadIdx.x & 1)) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
     __syncwarp();
     for (int j = 0; j < pieces; j++) ring.release(j);
     return pieces;
 }
 
-// The bytes that the W2_SUM hop's input barrier counts in this block: from each block with hidden
-// values its partials of the block's rows, from each other block a word; a block that owns no row,
-// a word from every block.
-__device__ __forceinline__ int cs_w2_expect(const CsParams &p, const CsHop &swiglu, const CsHop &w2, int rank) {
-    const int senders = p.cluster - __popc(swiglu.idle_ranks), own = cs_mine(w2, rank);
+// The bytes that a CS_SUM hop's input barrier counts in this block: from each block that kept
+// values in the hop before (sender) its partials of the block's rows, from each other block a word;
+// a block that owns no row, a word from every block.
+__device__ __forceinline__ int cs_sum_expect(const CsParams &p, const CsHop &sender, const CsHop &sum, int rank) {
+    const int senders = p.cluster - __popc(sender.idle_ranks), own = cs_mine(sum, rank);
     return own ? 4 * (own * senders + p.cluster - senders) : 4 * p.cluster;
 }
 
-// The W2_SUM hop: the block's rows of the residual stream plus the partials of them from each
-// block with hidden values (part: [cluster][rows_per_block], added in the senders' order), sent to
-// every block's residual stream, a warp 4 rows at a time, lane d to block d.
-__device__ void cs_w2_sum_hop(const CsParams &p, CsSmem *s, const CsHop &h, unsigned idle_senders, int rank, const float *part,
-                              uint32_t bar_at) {
+// A CS_SUM hop: the block's rows of the residual stream plus the partials of them from each block
+// that kept values (part: [cluster][rows_per_block], added in the senders' order), sent to every
+// block's residual stream, a warp 4 rows at a time, lane d to block d.
+__device__ void cs_sum_hop(const CsParams &p, CsSmem *s, const CsHop &h, unsigned idle_senders, int rank, const float *part, uint32_t bar_at) {
     const int own = cs_mine(h, rank), row0 = rank * h.rows_per_block, lane = threadIdx.x % 32;
     const uint32_t res_at = cs_saddr(s->res);
     for (int q = threadIdx.x / 32; q < own / 4; q += kCsWarps) {
@@ -1206,6 +1222,19 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         const float inv = cs_rcp(den);
         const int quads = p.hs / 4;
         const SmallDiv block_of(p.quads_inv);   // (t below 16 x 32)
+#ifdef CS_SPLIT_WO
+        if (p.wo_split)   // the head's outputs kept in the block (after its earlier heads'), none sent
+            for (int t = threadIdx.x; t < quads; t += kCsConsumers) {
+                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int w = 0; w < kCsWarps; w++) {
+                    const float4 pw = *reinterpret_cast<const float4 *>(&part[w][4 * t]);
+                    a.x = fmaf(f[w], pw.x, a.x), a.y = fmaf(f[w], pw.y, a.y), a.z = fmaf(f[w], pw.z, a.z), a.w = fmaf(f[w], pw.w, a.w);
+                }
+                *reinterpret_cast<float4 *>(dst + nth * p.hs + 4 * t) = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+            }
+        else
+#endif
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
             const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1280,19 +1309,19 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // write where this hop's input was) starts before every block's input is in, and no
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-#ifdef CS_SPLIT_W2
-        const int expect = h.kind == CS_SWIGLU ? cs_w2_expect(p, h, s->hops[i + 1], rank) : h.expect;
+#ifdef CS_SPLIT
+        const bool to_sum = h.kind != CS_SUM && i + 1 < p.n_hops && s->hops[i + 1].kind == CS_SUM;   // (it keeps its outputs)
+        const int expect = to_sum ? cs_sum_expect(p, h, s->hops[i + 1], rank) : h.expect;
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, expect);
-        if (h.kind == CS_ATTN) {
-            piece += cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at);
-        } else if (h.kind == CS_W2_SUM) {
-            cs_w2_sum_hop(p, s, h, s->hops[i - 1].idle_ranks, rank, x + kCsPartAt, bar_at);
+        if (h.kind == CS_SUM) {
+            cs_sum_hop(p, s, h, s->hops[i - 1].idle_ranks, rank, x + kCsPartAt, bar_at);
         } else {
-            piece += cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
-            if (h.kind == CS_SWIGLU) {
+            piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
+                                       : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
+            if (to_sum) {
                 CsRing after = ring;
                 after.base = piece;
-                piece += cs_w2_slice(p, s, h, s->hops[i + 1], rank, after, dst, cs_saddr(dst + kCsPartAt), bar_at);
+                piece += cs_slice_partials(p, s, cs_kept(p, h, rank), s->hops[i + 1], rank, after, dst, cs_saddr(dst + kCsPartAt), bar_at);
             }
         }
 #else
@@ -1490,19 +1519,22 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
     }
 }
 
-#ifdef CS_SPLIT_W2
-// CS_SPLIT_W2's slices of w2 (rows x cols, int8 with groups of gs along cols): block b * rows + r
-// writes record r of slice b (columns [b K, b K + K), zeros past cols; a scale a 16-column chunk).
+#ifdef CS_SPLIT
+// CS_SPLIT's slices of a matrix (rows x cols, int8 with groups of gs along cols): block b * rows + r
+// writes record r of slice b, whose K columns are b K .. b K + K - 1 (hs 0: w2's, a block's
+// hidden values) or, hs wide each, heads b, b + cluster, ... (the output projection's); zeros
+// past cols; a scale a 16-column chunk.
 __global__ void cs_pack_slices_kernel(unsigned char *out, const int8_t *q, const float *scales, int stride, int groups, int gs, int rows,
-                                      int cols, int K, int rec) {
-    const int b = blockIdx.x / rows, r = blockIdx.x - b * rows, col0 = b * K;
+                                      int cols, int K, int rec, int hs, int cluster) {
+    const int b = blockIdx.x / rows, r = blockIdx.x - b * rows;
+    auto col_of = [=](int j) { return hs ? (b + cluster * (j / hs)) * hs + j % hs : b * K + j; };   // (past cols: none)
     unsigned char *rec_out = out + (size_t)blockIdx.x * rec;
     for (int i = threadIdx.x; i < rec; i += blockDim.x) {
         unsigned char byte = 0;
         if (i < K) {
-            if (col0 + i < cols) byte = (unsigned char)q[(size_t)r * stride + col0 + i];
+            if (col_of(i) < cols) byte = (unsigned char)q[(size_t)r * stride + col_of(i)];
         } else if (i < K + 4 * (K / 16)) {
-            const int col = col0 + 16 * ((i - K) / 4);
+            const int col = col_of(16 * ((i - K) / 4));
             const float v = col < cols ? scales[(size_t)r * groups + col / gs] : 0.0f;
             byte = reinterpret_cast<const unsigned char *>(&v)[(i - K) % 4];
         }
@@ -1582,15 +1614,15 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     return h;
 }
 
-#ifdef CS_SPLIT_W2
-// CS_SPLIT_W2's W2_SUM hop for w2 (c) after the SwiGLU hop swiglu: its rows dealt to their owners
-// as a residual hop's, and each block's slice of w2's columns (its hidden values') packed at *at
-// (pack NULL: only counted), one block's slice after another.
-static CsHop cs_w2_slices(const LinearCall &c, const CsHop &swiglu, int cluster, unsigned char *pack, size_t *at, int layer, GpuCtx *g) {
+#ifdef CS_SPLIT
+// A CS_SUM hop for the matrix of c (a residual hop's: w2, or the output projection), whose rows
+// are dealt to their owners as a residual hop's, and each of its senders' slices of columns, K a
+// sender (hs: as cs_pack_slices_kernel), packed at *at (pack NULL: only counted), one sender's
+// after another.
+static CsHop cs_slices(const LinearCall &c, int K, int senders, int hs, int cluster, unsigned char *pack, size_t *at, int layer, GpuCtx *g) {
     const Mat *w = c.w[0];
-    const int K = swiglu.rows_per_block / 2, senders = ceil_div_i(swiglu.rows / 2, K);
     CsHop h = {};
-    h.kind = CS_W2_SUM, h.layer = layer, h.K = K, h.rows = w->rows;
+    h.kind = CS_SUM, h.layer = layer, h.K = K, h.rows = w->rows;
     h.rec = round_up(K + 4 * (K / 16), 16);
     if (h.rec / 16 % 2 == 0) h.rec += 16;   // (an odd number of 16-byte units: consecutive rows in different banks)
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
@@ -1599,10 +1631,15 @@ static CsHop cs_w2_slices(const LinearCall &c, const CsHop &swiglu, int cluster,
     if (pack) {
         h.w = pack + *at;
         launch(g, "cs_pack_slices_kernel", cs_pack_slices_kernel, dim3(senders * h.rows), dim3(128), 0, pack + *at, w->q, w->s, w->stride,
-               w->groups, w->gs, h.rows, w->cols, K, h.rec);
+               w->groups, w->gs, h.rows, w->cols, K, h.rec, hs, cluster);
     }
     *at += (size_t)senders * h.rows * h.rec;
     return h;
+}
+// Whether a CS_SUM hop fits: its partials past the kept values, its slice in the ring at once.
+static bool cs_slices_fit(const CsHop &h, int cluster) {
+    return cluster * h.rows_per_block <= kCsMaxX - kCsPartAt && round_up(h.K, kCsGroup) <= kCsPartAt && h.rows_per_piece >= 8 &&
+           ceil_div_i(h.rows, h.rows_per_piece) <= kCsSlots;
 }
 #endif
 
@@ -1650,14 +1687,22 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
         hops[5 * l + 0] = cs_hop(qkv, CS_QKV, cluster, pack, bytes, l, g);
         hops[5 * l + 1] = CsHop{};
         hops[5 * l + 1].kind = CS_ATTN, hops[5 * l + 1].layer = l;
+#ifdef CS_SPLIT_WO
+        // the output projection by its columns where its heads are whole chunks wide and it fits,
+        // else its residual hop
+        const int wo_k = ceil_div_i(at.n_heads, cluster) * at.head_size, wo_senders = min(at.n_heads, cluster);
+        size_t counted = 0;
+        if (at.head_size % 16 == 0 && cs_slices_fit(cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, NULL, &counted, l, g), cluster))
+            hops[5 * l + 2] = cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, pack, bytes, l, g);
+        else
+#endif
         hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
         hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
 #ifdef CS_SPLIT_W2
-        hops[5 * l + 4] = cs_w2_slices(s[4].linear, hops[5 * l + 3], cluster, pack, bytes, l, g);
-        const CsHop &w2 = hops[5 * l + 4];   // (its partials past the hidden values, its slice in the ring at once)
-        if (cluster * w2.rows_per_block > kCsMaxX - kCsPartAt || round_up(w2.K, kCsGroup) > kCsPartAt ||
-            ceil_div_i(w2.rows, w2.rows_per_piece) > kCsSlots)
-            return snprintf(why, ERR_LEN, "CS_SPLIT_W2: width %d or hidden %d past what it holds", w2.rows, hops[5 * l + 3].rows / 2), false;
+        const int w2_k = hops[5 * l + 3].rows_per_block / 2;
+        hops[5 * l + 4] = cs_slices(s[4].linear, w2_k, ceil_div_i(hops[5 * l + 3].rows / 2, w2_k), 0, cluster, pack, bytes, l, g);
+        if (!cs_slices_fit(hops[5 * l + 4], cluster))
+            return snprintf(why, ERR_LEN, "CS_SPLIT_W2: width %d or hidden %d past what it holds", hops[5 * l + 4].rows, hops[5 * l + 3].rows / 2), false;
 #else
         hops[5 * l + 4] = cs_hop(s[4].linear, CS_RESID, cluster, pack, bytes, l, g);
 #endif
@@ -1828,6 +1873,9 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
     p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
     p.hs_inv = small_div_inverse(p.hs);
+#ifdef CS_SPLIT_WO
+    p.wo_split = hops[2].kind == CS_SUM;
+#endif
     p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
     const int layers = p.n_hops / 5;
     // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
@@ -1863,8 +1911,8 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 }
 
 #ifdef CS_TRACE
-// The kind a hop is reported as (CS_SPLIT_W2's W2_SUM hops with the residual hops).
-static int cs_report_kind(int kind) { return kind == CS_W2_SUM ? CS_RESID : kind; }
+// The kind a hop is reported as (CS_SPLIT's CS_SUM hops with the residual hops).
+static int cs_report_kind(int kind) { return kind == CS_SUM ? CS_RESID : kind; }
 // ns from stamp a to stamp b (%globaltimer, or clock64), signed: the difference taken in 64 bits
 // first (a stamp as a double rounds to 256 ns).
 static double cs_ns(unsigned long long a, unsigned long long b) { return (double)(long long)(b - a); }
