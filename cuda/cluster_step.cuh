@@ -1668,6 +1668,12 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
     if (5 * layers > kCsMaxHops) return snprintf(why, ERR_LEN, "%d layers, more than its %d", layers, kCsMaxHops / 5), false;
     float *res = st[0].x;
     *bytes = 0;
+#ifdef CS_SPLIT_WO
+    // the output projection by its columns where its heads are whole chunks wide and it fits, else
+    // its residual hop: one choice for every layer (layer 0's), as the attention's (CsParams::wo_split)
+    const int wo_k = ceil_div_i(at.n_heads, cluster) * at.head_size, wo_senders = min(at.n_heads, cluster);
+    bool wo_split = false;
+#endif
     for (int l = 0; l < layers; l++) {
         const MegaStage *s = st + 1 + 5 * l;
         const LinearCall &qkv = s[0].linear;
@@ -1688,13 +1694,14 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
         hops[5 * l + 1] = CsHop{};
         hops[5 * l + 1].kind = CS_ATTN, hops[5 * l + 1].layer = l;
 #ifdef CS_SPLIT_WO
-        // the output projection by its columns where its heads are whole chunks wide and it fits,
-        // else its residual hop
-        const int wo_k = ceil_div_i(at.n_heads, cluster) * at.head_size, wo_senders = min(at.n_heads, cluster);
         size_t counted = 0;
-        if (at.head_size % 16 == 0 && cs_slices_fit(cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, NULL, &counted, l, g), cluster))
+        if (l == 0)
+            wo_split = at.head_size % 16 == 0 &&
+                       cs_slices_fit(cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, NULL, &counted, 0, g), cluster);
+        if (wo_split) {
             hops[5 * l + 2] = cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, pack, bytes, l, g);
-        else
+            if (!cs_slices_fit(hops[5 * l + 2], cluster)) return snprintf(why, ERR_LEN, "CS_SPLIT_WO: its layers differ"), false;
+        } else
 #endif
         hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
         hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
@@ -1975,19 +1982,19 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(t, c->p.trace, (4 * n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
     double kind_us[4] = {0, 0, 0, 0}, ring_us[4] = {0, 0, 0, 0}, first_us[4] = {0, 0, 0, 0}, work_us[4] = {0, 0, 0, 0};
-    int kind_n[4] = {0, 0, 0, 0};
+    int kind_n[4] = {0, 0, 0, 0}, first_n[4] = {0, 0, 0, 0};   // (first_n: hops with a mark; CS_SUM hops have none)
     CsHop hops[kCsMaxHops];
     CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; i++) {
         const int k = cs_report_kind(hops[i].kind);
         kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
-        if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3;   // (attention: block 0 has a head)
+        if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3, first_n[k]++;   // (attention: block 0 has a head)
         work_us[k] += cs_ns(t[2 + i], t[3 * n + 5 + i]) / 1e3;
     }
     fprintf(stderr, "cluster step trace, block 0's own part of each hop (us, QKV / attention / output projection and w2 / w1/w3): "
             "to x's digits (linear) or the softmax (attention) %.2f / %.2f / %.2f / %.2f; to its outputs sent %.2f / %.2f / %.2f / %.2f\n",
-            first_us[CS_QKV] / kind_n[CS_QKV], first_us[CS_ATTN] / kind_n[CS_ATTN], first_us[CS_RESID] / kind_n[CS_RESID],
-            first_us[CS_SWIGLU] / kind_n[CS_SWIGLU], work_us[CS_QKV] / kind_n[CS_QKV], work_us[CS_ATTN] / kind_n[CS_ATTN],
+            first_us[CS_QKV] / std::max(first_n[CS_QKV], 1), first_us[CS_ATTN] / std::max(first_n[CS_ATTN], 1),
+            first_us[CS_RESID] / std::max(first_n[CS_RESID], 1), first_us[CS_SWIGLU] / std::max(first_n[CS_SWIGLU], 1), work_us[CS_QKV] / kind_n[CS_QKV], work_us[CS_ATTN] / kind_n[CS_ATTN],
             work_us[CS_RESID] / kind_n[CS_RESID], work_us[CS_SWIGLU] / kind_n[CS_SWIGLU]);
     fprintf(stderr,
             "cluster step trace (us): embedding %.2f; layers %.2f (%.2f a layer): QKV %.2f, attention %.2f, output projection and w2 "
