@@ -838,8 +838,8 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
 // senders' order (the same sums on every run) and sends them to every block, as the residual hop's
 // outputs went. A layer's hand-overs stay five; what goes is the residual hop's staging of a wide
 // x and its long rows, for a small staging and short rows in the hop before.
-//   The kept values lie at the start of that hop's x buffer (the CS_SUM hop's input), where
-// nothing lands during the hop, and the partials kCsPartAt floats on ([sender][the owner's
+//   The kept values lie at the start of the CS_SUM hop's x buffer (the keeping hop's dst), where
+// nothing lands during the keeping hop, and the partials kCsPartAt floats on ([sender][the owner's
 // rows_per_block]). A block's slice records: the rows' int8 weights over its kept values (K; the
 // SwiGLU hop's rows_per_block a multiple of 32 and heads a multiple of 16 wide, so that a
 // 16-column chunk lies in one of the weights' groups), a scale a chunk, padded to an odd number of
