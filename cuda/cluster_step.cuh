@@ -95,11 +95,7 @@ constexpr int kCsClsChunk = 32768;   // a classifier block's rows copied in piec
 // build): all at once (NOTES 192).
 constexpr unsigned kCsClsSpanPerHop = CS_CLS_SPAN_PER_HOP;
 
-// (CS_SUM: a residual hop by columns, CS_SPLIT_W2's and CS_SPLIT_WO's, below.)
-enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU, CS_SUM };
-#if defined(CS_SPLIT_W2) || defined(CS_SPLIT_WO)
-#define CS_SPLIT 1
-#endif
+enum { CS_QKV, CS_ATTN, CS_RESID, CS_SWIGLU };
 // A hop: a linear layer's rows split over the blocks (rows_per_block each, a multiple of 8, taken
 // rows_per_piece a slot), or the attention (a block a head). Records: a row's int8 weights padded
 // to 16 bytes, its FP32 group scales, then (QKV with biases, at bias_at) its bias; rec bytes each,
@@ -139,9 +135,6 @@ struct CsParams {
     // where the device's own would stand at the start of each attention hop (NOTES 152)
     float per_inv, kv_group_inv, quads_inv;
     float hs_inv;   // small_div_inverse(hs): QKV's epilogue's place in a head (cs_qkv_epilogue)
-#ifdef CS_SPLIT_WO
-    int wo_split;   // the output projection by columns (its hops CS_SUM): the attention keeps its outputs
-#endif
 };
 struct CsClsParams {
     int dim, vocab, rec, rows_per_block, group_chunks;
@@ -390,15 +383,6 @@ __host__ __device__ __forceinline__ int cs_mine(const CsHop &h, int rank) {
     return max(0, min(h.rows_per_block, h.rows - rank * h.rows_per_block));
 }
 
-#ifdef CS_SPLIT
-// CS_SPLIT's values a block keeps in hop h (the attention's: its heads' outputs; w1/w3's: its
-// hidden values) for the CS_SUM hop after it.
-__device__ __forceinline__ int cs_kept(const CsParams &p, const CsHop &h, int rank) {
-    if (h.kind == CS_ATTN) return rank < p.n_heads ? (p.n_heads - rank + p.cluster - 1) / p.cluster * p.hs : 0;
-    return cs_mine(h, rank) / 2;
-}
-#endif
-
 // The producer: the block's pieces in the hops' order. The earlier key and value rows are copied
 // only after the kernels before have finished (the step before wrote the last of them).
 template <typename KV>
@@ -445,18 +429,6 @@ __device__ void cs_produce(const CsParams &p, CsSmem *s, int rank) {
             }
             continue;
         }
-#ifdef CS_SPLIT
-        if (h.kind == CS_SUM) {   // the block's slice of the matrix, every row (none without kept values)
-            if (cs_kept(p, s->hops[i - 1], rank) == 0) continue;
-            const unsigned char *slice = h.w + (size_t)rank * h.rows * h.rec;
-            for (int r = 0; r < h.rows; r += h.rows_per_piece) {
-                const int bytes = min(h.rows_per_piece, h.rows - r) * h.rec, slot = slot_for(bytes);
-                bulk_copy_counted(cs_saddr(s->ring[slot]), slice + (size_t)r * h.rec, bytes, cs_saddr(&s->full[slot]));
-                issued(4 * i + CS_PIECE_ROWS);
-            }
-            continue;
-        }
-#endif
         if (h.gamma) {
             const int slot = slot_for(4 * h.K);
             bulk_copy_counted(cs_saddr(s->ring[slot]), h.gamma, 4 * h.K, cs_saddr(&s->full[slot]));
@@ -827,112 +799,6 @@ __device__ int cs_resid_rows4(const CsHop &h, CsSmem *s, int rank, const CsRing 
     return piece;
 }
 
-#ifdef CS_SPLIT
-// CS_SPLIT_W2 and CS_SPLIT_WO, measurement builds (bench/NOTES.md 198, 199): a residual hop's
-// matrix (w2; the output projection) by columns. The hop before it (w1/w3; the attention) keeps
-// its outputs in each block instead of sending them to every block: the block's hidden values, or
-// its heads' attention outputs. After one barrier the block stages them and multiplies its columns
-// of the matrix by them for every row, a thread a row, and sends each row's partial sum to the
-// block that owns the row (the rows dealt as a residual hop's). The CS_SUM hop in the residual
-// hop's place has no rows: an owner adds the partials to its rows of the residual stream in the
-// senders' order (the same sums on every run) and sends them to every block, as the residual hop's
-// outputs went. A layer's hand-overs stay five; what goes is the residual hop's staging of a wide
-// x and its long rows, for a small staging and short rows in the hop before.
-//   The kept values lie at the start of the CS_SUM hop's x buffer (the keeping hop's dst), where
-// nothing lands during the keeping hop, and the partials kCsPartAt floats on ([sender][the owner's
-// rows_per_block]). A block's slice records: the rows' int8 weights over its kept values (K; the
-// SwiGLU hop's rows_per_block a multiple of 32 and heads a multiple of 16 wide, so that a
-// 16-column chunk lies in one of the weights' groups), a scale a chunk, padded to an odd number of
-// 16-byte units so that a warp's consecutive rows start in different banks.
-constexpr int kCsPartAt = 512;
-static_assert(kCsPartAt + kCsMaxDim <= kCsMaxX && kCsMaxDim / 8 % 8 == 0,
-              "the partials (a cluster's blocks x a residual hop's rows_per_block) fit past the kept values");
-
-// A warp's 8 SwiGLU rows' outputs (lanes 4q..4q+3 hold row first + q's, an even row its pair's
-// output; n of them are rows; first even, counted from the block's first row) kept in the
-// block's own hidden values (hidden[(first + q) / 2]).
-__device__ __forceinline__ void cs_keep_pairs8(float *hidden, float out, int first, int n) {
-    float o[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) o[q] = __shfl_sync(~0u, out, 8 * q);
-    if (threadIdx.x % 32) return;
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-        if (2 * q < n) hidden[first / 2 + q] = o[q];
-}
-
-// A row of a block's slice (K int8 weights, then a scale a 16-column chunk) times the block's
-// kept values as staged (cs_stage_digits: digits, and a step a group of 8 chunks), chunks [0, n).
-__device__ __forceinline__ float cs_slice_row(const unsigned char *row, int K, int n, const uint32_t (*digits)[kCsMaxX / 4], const float *u) {
-    const uint4 *w = reinterpret_cast<const uint4 *>(row);
-    const float *scale = reinterpret_cast<const float *>(row + K);
-    float acc = 0.0f;
-    for (int c = 0; c < n; c++) {
-        const uint4 d0 = reinterpret_cast<const uint4 *>(digits[0])[c], d1 = reinterpret_cast<const uint4 *>(digits[1])[c],
-                    d2 = reinterpret_cast<const uint4 *>(digits[2])[c];
-        acc += scale[c] * u[c / 8] * cs_dot_digits(w[c], d0, d1, d2);
-    }
-    return acc;
-}
-
-// After the hop that kept K values (kept): them staged, the block's slice of the CS_SUM hop's
-// matrix (the ring's next pieces) times them, a thread a row, and each row's partial sum sent to
-// its owner (four rows a send, at part_at + 4 * (rank * sum.rows_per_block + the row's place in
-// the owner's rows)); a word to each block that owns no row. Returns the pieces it took.
-__device__ int cs_slice_partials(const CsParams &p, CsSmem *s, int K, const CsHop &sum, int rank, const CsRing &ring, const float *kept,
-                                 uint32_t part_at, uint32_t bar_at) {
-    const int lane = threadIdx.x % 32;
-    if (!K) return 0;   // (none kept: its word went to every block as the hop began)
-    cs_consumers_sync();   // every warp's values kept, every read of the scratch the staging writes done
-    cs_stage_digits<false>(s->digits, s->u, &s->norm_scale, kept, K, nullptr, p.eps);
-    const int pieces = (sum.rows + sum.rows_per_piece - 1) / sum.rows_per_piece, chunks = (K + 15) / 16;
-    for (int j = 0; j < pieces; j++) ring.wait(j);
-    for (int r0 = 0; r0 < sum.rows; r0 += kCsConsumers) {   // (the warp's lanes alike)
-        const int r = r0 + threadIdx.x;
-        float v = 0.0f;
-        if (r < sum.rows) {
-            const int piece = r / sum.rows_per_piece;
-            v = cs_slice_row(ring.at(piece) + (size_t)(r - piece * sum.rows_per_piece) * sum.rec, sum.K, chunks, s->digits, s->u);
-        }
-        const float v1 = __shfl_down_sync(~0u, v, 1), v2 = __shfl_down_sync(~0u, v, 2), v3 = __shfl_down_sync(~0u, v, 3);
-        if (lane % 4 == 0 && r < sum.rows) {   // (rows a multiple of 4, owners' rows a multiple of 8)
-            const int to = r / sum.rows_per_block;
-            cs_send4(part_at + 4 * (rank * sum.rows_per_block + r - to * sum.rows_per_block), bar_at, to, v, v1, v2, v3);
-        }
-    }
-    if (threadIdx.x < p.cluster && (sum.idle_ranks >> threadIdx.x & 1)) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-    __syncwarp();
-    for (int j = 0; j < pieces; j++) ring.release(j);
-    return pieces;
-}
-
-// The bytes that a CS_SUM hop's input barrier counts in this block: from each block that kept
-// values in the hop before (sender) its partials of the block's rows, from each other block a word;
-// a block that owns no row, a word from every block.
-__device__ __forceinline__ int cs_sum_expect(const CsParams &p, const CsHop &sender, const CsHop &sum, int rank) {
-    const int senders = p.cluster - __popc(sender.idle_ranks), own = cs_mine(sum, rank);
-    return own ? 4 * (own * senders + p.cluster - senders) : 4 * p.cluster;
-}
-
-// A CS_SUM hop: the block's rows of the residual stream plus the partials of them from each block
-// that kept values (part: [cluster][rows_per_block], added in the senders' order), sent to every
-// block's residual stream, a warp 4 rows at a time, lane d to block d.
-__device__ void cs_sum_hop(const CsParams &p, CsSmem *s, const CsHop &h, unsigned idle_senders, int rank, const float *part, uint32_t bar_at) {
-    const int own = cs_mine(h, rank), row0 = rank * h.rows_per_block, lane = threadIdx.x % 32;
-    const uint32_t res_at = cs_saddr(s->res);
-    for (int q = threadIdx.x / 32; q < own / 4; q += kCsWarps) {
-        float4 a = *reinterpret_cast<const float4 *>(&s->res[row0 + 4 * q]);
-        for (int b = 0; b < p.cluster; b++) {
-            if (idle_senders >> b & 1) continue;
-            const float4 v = *reinterpret_cast<const float4 *>(&part[b * h.rows_per_block + 4 * q]);
-            a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
-        }
-        __syncwarp();   // every lane's reads of the rows done before a send lands in this block's own copy
-        if (lane < p.cluster) cs_send4(res_at + 4 * (row0 + 4 * q), bar_at, lane, a.x, a.y, a.z, a.w);
-    }
-}
-#endif
-
 // A linear hop's rows of this block (pieces from ring.base on). Output o of the hop goes to every
 // block's dst[o] (dst: the next x buffer, or the residual stream), each block's copy written by
 // lane `rank` of a warp. Returns the pieces it took.
@@ -1003,10 +869,6 @@ __device__ int cs_linear_hop(const CsParams &p, CsSmem *s, const CsHop &h, int r
             else if (h.kind == CS_RESID) out = valid ? s->res[row] + v : 0.0f;
             else if (h.kind == CS_QKV) out = cs_qkv_epilogue<KV>(p, s, h, row, valid, v, other);
             if (batch == 0) ring.tick(7);
-#ifdef CS_SPLIT_W2
-            if (h.kind == CS_SWIGLU) cs_keep_pairs8(dst, out, r0 + b, in_piece - b);
-            else
-#endif
             cs_share_rows8(dst_at, bar_at, out, row0 + r0 + b, in_piece - b, p.cluster, h.kind == CS_SWIGLU);
             if (batch == 0) ring.tick(8);
             else if (batch < 3) ring.tick(14 + 2 * batch);
@@ -1222,19 +1084,6 @@ __device__ int cs_attention_hop(const CsParams &p, CsSmem *s, int rank, const Cs
         const float inv = cs_rcp(den);
         const int quads = p.hs / 4;
         const SmallDiv block_of(p.quads_inv);   // (t below 16 x 32)
-#ifdef CS_SPLIT_WO
-        if (p.wo_split)   // the head's outputs kept in the block (after its earlier heads'), none sent
-            for (int t = threadIdx.x; t < quads; t += kCsConsumers) {
-                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-                for (int w = 0; w < kCsWarps; w++) {
-                    const float4 pw = *reinterpret_cast<const float4 *>(&part[w][4 * t]);
-                    a.x = fmaf(f[w], pw.x, a.x), a.y = fmaf(f[w], pw.y, a.y), a.z = fmaf(f[w], pw.z, a.z), a.w = fmaf(f[w], pw.w, a.w);
-                }
-                *reinterpret_cast<float4 *>(dst + nth * p.hs + 4 * t) = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
-            }
-        else
-#endif
         for (int t = threadIdx.x; t < p.cluster * quads; t += kCsConsumers) {
             const int to = block_of(t), d = 4 * (t - to * quads);
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1309,26 +1158,9 @@ __device__ void cs_consume(const CsParams &p, CsSmem *s, int rank) {
         // write where this hop's input was) starts before every block's input is in, and no
         // input barrier's phase ends on the next hop's bytes (NOTES 140, 143).
         if ((h.idle_ranks >> rank & 1) && threadIdx.x < p.cluster) cs_send(cs_saddr(&s->token[rank]), bar_at, threadIdx.x, 0.0f);
-#ifdef CS_SPLIT
-        const bool to_sum = h.kind != CS_SUM && i + 1 < p.n_hops && s->hops[i + 1].kind == CS_SUM;   // (it keeps its outputs)
-        const int expect = to_sum ? cs_sum_expect(p, h, s->hops[i + 1], rank) : h.expect;
-        if (threadIdx.x == 0) mbar_arrive_expect(bar_at, expect);
-        if (h.kind == CS_SUM) {
-            cs_sum_hop(p, s, h, s->hops[i - 1].idle_ranks, rank, x + kCsPartAt, bar_at);
-        } else {
-            piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
-                                       : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
-            if (to_sum) {
-                CsRing after = ring;
-                after.base = piece;
-                piece += cs_slice_partials(p, s, cs_kept(p, h, rank), s->hops[i + 1], rank, after, dst, cs_saddr(dst + kCsPartAt), bar_at);
-            }
-        }
-#else
         if (threadIdx.x == 0) mbar_arrive_expect(bar_at, h.expect);   // (its phase before completed before any block could start this hop)
         piece += h.kind == CS_ATTN ? cs_attention_hop<KV>(p, s, rank, ring, x, dst, bar_at)
                                    : cs_linear_hop<KV, kChunks>(p, s, h, rank, ring, x, dst, bar_at);
-#endif
         ring.tick(9);
 #ifdef CS_TRACE
         if (stamp) p.trace[p.n_hops + 5 + i] = waited, p.trace[2 * p.n_hops + 5 + i] = mark, p.trace[3 * p.n_hops + 5 + i] = cs_now();
@@ -1386,9 +1218,6 @@ __device__ void cs_feed_if_last(const CsClsParams &c, unsigned long long best) {
     *c.argmax = token;
     feed_step_token(c.inputs, c.step_tokens, pos, token);
     if (c.trace) cs_stamp(c.trace, 1);
-#ifdef CS_CLS_WAIT_LAST
-    pdl_wait();   // (CS_CLS_WAIT_LAST: the grid's last block out ends after the layers', so the grid does)
-#endif
 }
 
 // CS_TRACE: block 0's thread 0 stamps the classifier's phase k (kCsClsPhases).
@@ -1483,11 +1312,9 @@ __device__ unsigned long long cs_block_logits(const CsClsParams &c, CsClsSmem *s
 __global__ void __launch_bounds__(kCsClsThreads, 1) cs_classifier_kernel(const CsClsParams c) {
     extern __shared__ __align__(128) unsigned char cs_smem[];
     const unsigned long long best = cs_block_logits(c, reinterpret_cast<CsClsSmem *>(cs_smem));
-    // (CS_CLS_WAIT_LAST, a measurement build (NOTES 197): only the last block out waits, after it
-    // has fed the token, so that no block's count waits for the layers' grid)
-#ifndef CS_CLS_WAIT_LAST
-    if (threadIdx.x == 0) pdl_wait();   // this grid ends after the layers' (the next step's layers wait for it)
-#endif
+    // this grid ends after the layers' (the next step's layers wait for it); every block waits
+    // before its count, where only the last block out waiting after it gained nothing (NOTES 200)
+    if (threadIdx.x == 0) pdl_wait();
     if (threadIdx.x == 0) cs_feed_if_last(c, best);
 }
 
@@ -1518,30 +1345,6 @@ __global__ void cs_pack_kernel(unsigned char *out, CsPackSrc src, int interleave
         rec_out[i] = byte;
     }
 }
-
-#ifdef CS_SPLIT
-// CS_SPLIT's slices of a matrix (rows x cols, int8 with groups of gs along cols): block b * rows + r
-// writes record r of slice b, whose K columns are b K .. b K + K - 1 (hs 0: w2's, a block's
-// hidden values) or, hs wide each, heads b, b + cluster, ... (the output projection's); zeros
-// past cols; a scale a 16-column chunk.
-__global__ void cs_pack_slices_kernel(unsigned char *out, const int8_t *q, const float *scales, int stride, int groups, int gs, int rows,
-                                      int cols, int K, int rec, int hs, int cluster) {
-    const int b = blockIdx.x / rows, r = blockIdx.x - b * rows;
-    auto col_of = [=](int j) { return hs ? (b + cluster * (j / hs)) * hs + j % hs : b * K + j; };   // (past cols: none)
-    unsigned char *rec_out = out + (size_t)blockIdx.x * rec;
-    for (int i = threadIdx.x; i < rec; i += blockDim.x) {
-        unsigned char byte = 0;
-        if (i < K) {
-            if (col_of(i) < cols) byte = (unsigned char)q[(size_t)r * stride + col_of(i)];
-        } else if (i < K + 4 * (K / 16)) {
-            const int col = col_of(16 * ((i - K) / 4));
-            const float v = col < cols ? scales[(size_t)r * groups + col / gs] : 0.0f;
-            byte = reinterpret_cast<const unsigned char *>(&v)[(i - K) % 4];
-        }
-        rec_out[i] = byte;
-    }
-}
-#endif
 
 }  // namespace
 
@@ -1596,9 +1399,6 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     h.bias_at = bias ? cs_scales_at(K) + 4 * groups : 0;
     h.rec = cs_scales_at(K) + round_up(4 * groups + (bias ? 4 : 0), 16);
     h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
-#ifdef CS_SPLIT_W2
-    if (kind == CS_SWIGLU) h.rows_per_block = round_up(h.rows_per_block, 32);   // (a block's hidden values in whole chunks of 16)
-#endif
     h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
     if (pack) {
         CsPackSrc src = {};
@@ -1613,35 +1413,6 @@ static CsHop cs_hop(const LinearCall &c, int kind, int cluster, unsigned char *p
     *at += (size_t)h.rows * h.rec;
     return h;
 }
-
-#ifdef CS_SPLIT
-// A CS_SUM hop for the matrix of c (a residual hop's: w2, or the output projection), whose rows
-// are dealt to their owners as a residual hop's, and each of its senders' slices of columns, K a
-// sender (hs: as cs_pack_slices_kernel), packed at *at (pack NULL: only counted), one sender's
-// after another.
-static CsHop cs_slices(const LinearCall &c, int K, int senders, int hs, int cluster, unsigned char *pack, size_t *at, int layer, GpuCtx *g) {
-    const Mat *w = c.w[0];
-    CsHop h = {};
-    h.kind = CS_SUM, h.layer = layer, h.K = K, h.rows = w->rows;
-    h.rec = round_up(K + 4 * (K / 16), 16);
-    if (h.rec / 16 % 2 == 0) h.rec += 16;   // (an odd number of 16-byte units: consecutive rows in different banks)
-    h.rows_per_block = round_up(ceil_div_i(h.rows, cluster), 8);
-    h.rows_per_piece = kCsSlotBytes / h.rec & ~7;
-    h.group_chunks = 1, h.group_inv = small_div_inverse(1);
-    if (pack) {
-        h.w = pack + *at;
-        launch(g, "cs_pack_slices_kernel", cs_pack_slices_kernel, dim3(senders * h.rows), dim3(128), 0, pack + *at, w->q, w->s, w->stride,
-               w->groups, w->gs, h.rows, w->cols, K, h.rec, hs, cluster);
-    }
-    *at += (size_t)senders * h.rows * h.rec;
-    return h;
-}
-// Whether a CS_SUM hop fits: its partials past the kept values, its slice in the ring at once.
-static bool cs_slices_fit(const CsHop &h, int cluster) {
-    return cluster * h.rows_per_block <= kCsMaxX - kCsPartAt && round_up(h.K, kCsGroup) <= kCsPartAt && h.rows_per_piece >= 8 &&
-           ceil_div_i(h.rows, h.rows_per_piece) <= kCsSlots;
-}
-#endif
 
 // Each hop's bytes into a block's input barrier (its outputs, as each block's copy, and a word from
 // each block with nothing to send) and those blocks: no rows, or no head.
@@ -1668,12 +1439,6 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
     if (5 * layers > kCsMaxHops) return snprintf(why, ERR_LEN, "%d layers, more than its %d", layers, kCsMaxHops / 5), false;
     float *res = st[0].x;
     *bytes = 0;
-#ifdef CS_SPLIT_WO
-    // the output projection by its columns where its heads are whole chunks wide and it fits, else
-    // its residual hop: one choice for every layer (layer 0's), as the attention's (CsParams::wo_split)
-    const int wo_k = ceil_div_i(at.n_heads, cluster) * at.head_size, wo_senders = min(at.n_heads, cluster);
-    bool wo_split = false;
-#endif
     for (int l = 0; l < layers; l++) {
         const MegaStage *s = st + 1 + 5 * l;
         const LinearCall &qkv = s[0].linear;
@@ -1693,26 +1458,9 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
         hops[5 * l + 0] = cs_hop(qkv, CS_QKV, cluster, pack, bytes, l, g);
         hops[5 * l + 1] = CsHop{};
         hops[5 * l + 1].kind = CS_ATTN, hops[5 * l + 1].layer = l;
-#ifdef CS_SPLIT_WO
-        size_t counted = 0;
-        if (l == 0)
-            wo_split = at.head_size % 16 == 0 &&
-                       cs_slices_fit(cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, NULL, &counted, 0, g), cluster);
-        if (wo_split) {
-            hops[5 * l + 2] = cs_slices(s[2].linear, wo_k, wo_senders, at.head_size, cluster, pack, bytes, l, g);
-            if (!cs_slices_fit(hops[5 * l + 2], cluster)) return snprintf(why, ERR_LEN, "CS_SPLIT_WO: its layers differ"), false;
-        } else
-#endif
         hops[5 * l + 2] = cs_hop(s[2].linear, CS_RESID, cluster, pack, bytes, l, g);
         hops[5 * l + 3] = cs_hop(s[3].linear, CS_SWIGLU, cluster, pack, bytes, l, g);
-#ifdef CS_SPLIT_W2
-        const int w2_k = hops[5 * l + 3].rows_per_block / 2;
-        hops[5 * l + 4] = cs_slices(s[4].linear, w2_k, ceil_div_i(hops[5 * l + 3].rows / 2, w2_k), 0, cluster, pack, bytes, l, g);
-        if (!cs_slices_fit(hops[5 * l + 4], cluster))
-            return snprintf(why, ERR_LEN, "CS_SPLIT_W2: width %d or hidden %d past what it holds", hops[5 * l + 4].rows, hops[5 * l + 3].rows / 2), false;
-#else
         hops[5 * l + 4] = cs_hop(s[4].linear, CS_RESID, cluster, pack, bytes, l, g);
-#endif
     }
     if (!cs_linear_ok(st[n - 1], LINEAR_PLAIN, res, NULL, 0, true, why)) return false;
     return true;
@@ -1721,11 +1469,7 @@ static bool cs_hops(GpuCtx *g, const MegaStage *st, int n, MegaAttention at, int
 // The layers' kernel for a model: its cache's type, and a lane's chunks of x as few as hold the
 // widest x of a hop (the model's width, the output projection's q, w2's hidden width).
 static void (*cs_layers_for(const MegaStage *st, MegaAttention at))(CsParams) {
-#ifdef CS_SPLIT_W2
-    const int widest = max(st[1].linear.w[0]->cols, at.n_heads * at.head_size);   // (no hop stages w2's hidden-wide x)
-#else
     const int widest = max(st[1].linear.w[0]->cols, max(at.n_heads * at.head_size, st[4].linear.w[0]->rows));
-#endif
     bool few = widest <= 16 * 32 * kCsFewChunks;   // (a chunk a lane: 16 columns x 32 lanes a pass)
 #ifdef CS_WIDE_ONLY
     few = false;
@@ -1880,9 +1624,6 @@ static GpuCluster *cs_create(GpuCtx *g, const MegaStage *st, int n, MegaAttentio
     p.emb_q = emb->q, p.emb_s = emb->s, p.emb_f = emb->q ? NULL : emb->f;
     p.emb_stride = emb->stride, p.emb_groups = emb->groups, p.emb_gs = emb->gs > 0 ? emb->gs : 1;
     p.hs_inv = small_div_inverse(p.hs);
-#ifdef CS_SPLIT_WO
-    p.wo_split = hops[2].kind == CS_SUM;
-#endif
     p.kcache = qkv.qkv.key_cache, p.vcache = qkv.qkv.value_cache, p.out = const_cast<float *>(cls.x);
     const int layers = p.n_hops / 5;
     // a step at position P reads P earlier rows of a head: at most kCsSlots pieces (all in the ring
@@ -1918,8 +1659,6 @@ extern "C" GpuCluster *gpu_cluster_create(GpuCtx *g, const MegaStage *stages, in
 }
 
 #ifdef CS_TRACE
-// The kind a hop is reported as (CS_SPLIT's CS_SUM hops with the residual hops).
-static int cs_report_kind(int kind) { return kind == CS_SUM ? CS_RESID : kind; }
 // ns from stamp a to stamp b (%globaltimer, or clock64), signed: the difference taken in 64 bits
 // first (a stamp as a double rounds to 256 ns).
 static double cs_ns(unsigned long long a, unsigned long long b) { return (double)(long long)(b - a); }
@@ -1982,19 +1721,19 @@ static void cs_trace_report(GpuCtx *g, const GpuCluster *c) {
     CUDA_CHECK(cudaStreamSynchronize(g->stream));
     CUDA_CHECK(cudaMemcpy(t, c->p.trace, (4 * n + 5) * sizeof(t[0]), cudaMemcpyDeviceToHost));
     double kind_us[4] = {0, 0, 0, 0}, ring_us[4] = {0, 0, 0, 0}, first_us[4] = {0, 0, 0, 0}, work_us[4] = {0, 0, 0, 0};
-    int kind_n[4] = {0, 0, 0, 0}, first_n[4] = {0, 0, 0, 0};   // (first_n: hops with a mark; CS_SUM hops have none)
+    int kind_n[4] = {0, 0, 0, 0};
     CsHop hops[kCsMaxHops];
     CUDA_CHECK(cudaMemcpy(hops, c->hops, n * sizeof(CsHop), cudaMemcpyDeviceToHost));
     for (int i = 0; i < n; i++) {
-        const int k = cs_report_kind(hops[i].kind);
+        const int k = hops[i].kind;
         kind_us[k] += (t[3 + i] - t[2 + i]) / 1e3, ring_us[k] += t[n + 5 + i] / 1e3, kind_n[k]++;
-        if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3, first_n[k]++;   // (attention: block 0 has a head)
+        if (t[2 * n + 5 + i]) first_us[k] += cs_ns(t[2 + i], t[2 * n + 5 + i]) / 1e3;   // (attention: block 0 has a head)
         work_us[k] += cs_ns(t[2 + i], t[3 * n + 5 + i]) / 1e3;
     }
     fprintf(stderr, "cluster step trace, block 0's own part of each hop (us, QKV / attention / output projection and w2 / w1/w3): "
             "to x's digits (linear) or the softmax (attention) %.2f / %.2f / %.2f / %.2f; to its outputs sent %.2f / %.2f / %.2f / %.2f\n",
-            first_us[CS_QKV] / std::max(first_n[CS_QKV], 1), first_us[CS_ATTN] / std::max(first_n[CS_ATTN], 1),
-            first_us[CS_RESID] / std::max(first_n[CS_RESID], 1), first_us[CS_SWIGLU] / std::max(first_n[CS_SWIGLU], 1), work_us[CS_QKV] / kind_n[CS_QKV], work_us[CS_ATTN] / kind_n[CS_ATTN],
+            first_us[CS_QKV] / kind_n[CS_QKV], first_us[CS_ATTN] / kind_n[CS_ATTN], first_us[CS_RESID] / kind_n[CS_RESID],
+            first_us[CS_SWIGLU] / kind_n[CS_SWIGLU], work_us[CS_QKV] / kind_n[CS_QKV], work_us[CS_ATTN] / kind_n[CS_ATTN],
             work_us[CS_RESID] / kind_n[CS_RESID], work_us[CS_SWIGLU] / kind_n[CS_SWIGLU]);
     fprintf(stderr,
             "cluster step trace (us): embedding %.2f; layers %.2f (%.2f a layer): QKV %.2f, attention %.2f, output projection and w2 "
@@ -2063,7 +1802,7 @@ static void cs_ticks_report(const GpuCluster *c, const CsHop *hops) {
         double mean[kCsTicks] = {0}, crit[kCsTicks] = {0}, span = 0, gap = 0;
         int mean_n[kCsTicks] = {0}, crit_n[kCsTicks] = {0}, spans = 0, gaps = 0;
         for (int i = 0; i < n; i++) {
-            if (cs_report_kind(hops[i].kind) != kind) continue;
+            if (hops[i].kind != kind) continue;
             unsigned long long first = ~0ull, last = 0;
             for (int r = 0; r < R; r++) {
                 int slow = -1;
