@@ -441,7 +441,7 @@ static int is_import(const char *path) {
     if (!f) return 0;
     size_t n = fread(magic, 1, 4, f);
     fclose(f);
-    return n == 4 && !memcmp(magic, "GGUF", 4);
+    return n == 4 && !memcmp(magic, GGUF_MAGIC, 4);
 }
 
 // ----------------------------------------------------------------------------

@@ -392,7 +392,7 @@ static int read_header(Cur *c, Gguf *g) {
     const uint8_t *h = take(c, 4);
     uint32_t v;
     if (!h) return -1;
-    if (memcmp(h, "GGUF", 4))
+    if (memcmp(h, GGUF_MAGIC, 4))
         return fail(c, "not a GGUF file: it starts with %02x %02x %02x %02x, not \"GGUF\"", h[0], h[1], h[2], h[3]);
     if (read_u32(c, &v)) return -1;
     if (v == 0x02000000 || v == 0x03000000)

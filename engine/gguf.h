@@ -35,6 +35,7 @@ enum {
     GGML_TYPE_Q4_K = 12, GGML_TYPE_Q5_K = 13, GGML_TYPE_Q6_K = 14, GGML_TYPE_BF16 = 30,
 };
 
+#define GGUF_MAGIC             "GGUF"   // a file's first 4 bytes
 #define GGUF_MAX_DIMS          4
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGML_QK8_0             32   // Q8_0: blocks of 32 weights, one FP16 scale each

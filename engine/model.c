@@ -2,6 +2,7 @@
 // Every header field is checked, and the file size is compared with the size the header
 // implies, before any weight is touched: a bad file gets one message, never a wild read.
 #include "model.h"
+#include "gguf.h"   // GGUF_MAGIC: a GGUF file given to run is refused by name
 #include "util.h"
 
 #include <errno.h>
@@ -500,7 +501,7 @@ static int load_q8lm(Src *f, Model *m) {
 // A model as downloaded (GGUF, or a safetensors file: 8 bytes of header length, then its JSON)
 // is quantize's input, not run's: say so, rather than read its bytes as a llama2.c header.
 static int refuse_download(Src *f) {
-    if (f->bytes >= 4 && !memcmp(f->base, "GGUF", 4))
+    if (f->bytes >= 4 && !memcmp(f->base, GGUF_MAGIC, 4))
         return fail(f, "a GGUF file: convert it first with `quantize FILE.gguf OUT.bin`, then run OUT.bin");
     uint64_t json_bytes = 0;
     if (f->bytes >= 9) memcpy(&json_bytes, f->base, 8);
