@@ -363,7 +363,8 @@ static int open_as(Source *s, char *err) {
 
 int source_open(Source *s, const char *path, char *err) {
     memset(s, 0, sizeof *s);
-    snprintf(s->path, sizeof s->path, "%s", path);
+    if (copy_string(s->path, sizeof s->path, path))   // never a truncated path: it could name another file
+        return snprintf(err, ERR_LEN, "%.200s...: the path is longer than %zu bytes", path, sizeof s->path - 1), -1;
     char why[ERR_LEN];
     int rc = open_as(s, err);
     if (!rc) {

@@ -52,6 +52,14 @@ long time_in_us(void) {
     return t.tv_sec * 1000000L + t.tv_nsec / 1000;
 }
 
+int copy_string(char *dst, size_t cap, const char *src) {
+    const size_t len = strlen(src);
+    if (cap == 0) return -1;
+    if (len >= cap) return dst[0] = '\0', -1;
+    memcpy(dst, src, len + 1);
+    return 0;
+}
+
 #define RESIDENT_ALIGN ((size_t)2 << 20)
 unsigned char *read_resident(int fd, size_t bytes, void **region, size_t *region_bytes) {
     const size_t span = (bytes + RESIDENT_ALIGN - 1) / RESIDENT_ALIGN * RESIDENT_ALIGN + RESIDENT_ALIGN;

@@ -19,9 +19,21 @@
 // supports chosen at the first call; elsewhere once, for the compiler's target (NEON on ARM).
 #include "vec.h"
 
+// No contraction of a product and a sum into a fused multiply-add by the compiler: the kernels
+// fuse where they mean to (vec_kernels.h fmadd), and nowhere else, so that every compiler gives
+// the same bits for a token alone and in a tile.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>   // GCC: each instance's #pragma target enables the intrinsics it uses
+#endif
 
 #define LANES 16
 #define ROWS VEC_TILE_ROWS
@@ -64,11 +76,10 @@ typedef struct {
 #define EXP_C2 (0x1.62e42ff0c52d6p-1 / 32)
 #define EXP_ABSTOP_88 0x42bu
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define X86_CLONES 1
-#include <immintrin.h>   // each instance's #pragma target enables the intrinsics it uses
-// 2^(i/32), read only by the vector instances' exp (clang builds have none)
-static const double exp2_32[32] = {
+#if defined(__x86_64__)
+// 2^(i/32), read only by the exp of the instances with AVX2 or AVX-512 (GCC's v3 and v4, or a
+// clang build for such a -march)
+__attribute__((unused)) static const double exp2_32[32] = {
     0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0, 0x1.172b83c7d517bp+0,
     0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0, 0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0,
     0x1.3dea64c123422p+0, 0x1.44e086061892dp+0, 0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0,
@@ -77,6 +88,10 @@ static const double exp2_32[32] = {
     0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0, 0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0,
     0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
 };
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define X86_CLONES 1
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")

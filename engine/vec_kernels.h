@@ -16,6 +16,8 @@
 #define store ISA_NAME(store)
 #define tile_rows_f32 ISA_NAME(tile_rows_f32)
 #define row_f32 ISA_NAME(row_f32)
+#define fmadd1 ISA_NAME(fmadd1)
+#define splat ISA_NAME(splat)
 
 static inline __attribute__((always_inline)) f32v load_f32(const float *p) {
     f32v v;
@@ -40,6 +42,48 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
     return __builtin_convertvector(__builtin_convertvector(b, i32v), f32v);
 #endif
 }
+// c + a * b, lane by lane: rounded once (a fused multiply-add) where the instruction set has one,
+// else twice (a macro, as hsum is). Spelled out because vec.c is compiled without contraction:
+// whether a compiler fuses a product into an add is its own choice (it differs between versions,
+// tunings and optimisation levels), and two kernels that fuse differently give a token other bits
+// in a tile than alone.
+#if defined(__AVX512F__)
+#define fmadd(a, b, c) ((f32v)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif defined(__AVX2__) && defined(__FMA__)
+#define fmadd(a, b, c) ({                                                                  \
+    const f32v a_ = (a), b_ = (b), c_ = (c);                                              \
+    __m256 h_[3][2];                                                                      \
+    memcpy(h_[0], &a_, sizeof a_), memcpy(h_[1], &b_, sizeof b_), memcpy(h_[2], &c_, sizeof c_); \
+    h_[2][0] = _mm256_fmadd_ps(h_[0][0], h_[1][0], h_[2][0]);                             \
+    h_[2][1] = _mm256_fmadd_ps(h_[0][1], h_[1][1], h_[2][1]);                             \
+    f32v r_;                                                                              \
+    memcpy(&r_, h_[2], sizeof r_);                                                        \
+    r_;                                                                                   \
+})
+#elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define fmadd(a, b, c) ({                                                         \
+    const f32v a_ = (a), b_ = (b), c_ = (c);                                     \
+    f32v r_;                                                                     \
+    UNROLL for (int l_ = 0; l_ < LANES; l_++) r_[l_] = __builtin_fmaf(a_[l_], b_[l_], c_[l_]); \
+    r_;                                                                          \
+})
+#else
+#define fmadd(a, b, c) ((a) * (b) + (c))
+#endif
+// The same for one float: a tail's columns round as the vector lanes do.
+static inline __attribute__((always_inline)) float fmadd1(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+static inline __attribute__((always_inline)) f32v splat(float a) {
+    f32v v;
+    UNROLL for (int l = 0; l < LANES; l++) v[l] = a;
+    return v;
+}
+
 // Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors). A macro, not a
 // function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
 // accumulators would leave the registers.
@@ -104,7 +148,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
         UNROLL for (int r = 0; r < ROWS; r++) wv[r] = load_f32(w[r] + k);
         UNROLL for (int t = 0; t < T; t++) {
             const f32v xv = load_f32(x[t] + k);
-            UNROLL for (int r = 0; r < ROWS; r++) acc[r * TOKENS + t] += wv[r] * xv;
+            UNROLL for (int r = 0; r < ROWS; r++) acc[r * TOKENS + t] = fmadd(wv[r], xv, acc[r * TOKENS + t]);
         }
     }
     float sums[ROWS * TOKENS];   // whole tiles: 16 (then 8) at a time by hsum16 (hsum8), the rest one by one (the same bits)
@@ -119,7 +163,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
     for (int r = 0; r < ROWS; r++)
         UNROLL for (int t = 0; t < T; t++) {
             float s = sums[r * TOKENS + t];
-            for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
+            for (int j = k; j < K; j++) s = fmadd1(w[r][j], x[t][j], s);
             res[r][t] = s;
         }
 }
@@ -130,16 +174,18 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
 static inline __attribute__((always_inline)) float row_f32(const float *w, const float *x, int K) {
     f32v acc = {0};
     int k = 0;
-    for (; k + LANES <= K; k += LANES) acc += load_f32(w + k) * load_f32(x + k);
+    for (; k + LANES <= K; k += LANES) acc = fmadd(load_f32(w + k), load_f32(x + k), acc);
     float s = hsum(acc);
-    for (int j = k; j < K; j++) s += w[j] * x[j];
+    for (int j = k; j < K; j++) s = fmadd1(w[j], x[j], s);
     return s;
 }
 
 // res[r] = W[r] . x for ROWS INT8 rows q[r] with scales s[r], dequantized in registers: each
 // 16-lane vector lies in one group (gs a multiple of LANES), w = q * scale is rounded to float as
 // dequant_rows rounds it, then multiplied with x as tile_f32 does: bit for bit the same result.
-static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
+// Not inlined (nor tile_rows_f32): a loop of its own registers, where inlined into matmul_slice
+// its row pointers spilled to the stack (bench/NOTES.md 201).
+static __attribute__((noinline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
     f32v acc[ROWS];
     UNROLL for (int r = 0; r < ROWS; r++) acc[r] = (f32v){0};
     int k = 0;
@@ -149,14 +195,14 @@ static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[
         UNROLL for (int r = 0; r < ROWS; r++) __builtin_prefetch(q[r] + k + PREFETCH_INT8);
         UNROLL for (int r = 0; r < ROWS; r++) {
             const f32v wv = load_i8(q[r] + k) * s[r][g];
-            acc[r] += wv * xv;
+            acc[r] = fmadd(wv, xv, acc[r]);
         }
     }
     UNROLL for (int r = 0; r < ROWS; r++) {
         float sum = hsum(acc[r]);
         for (int j = k; j < K; j++) {
             const float w = q[r][j] * s[r][j / gs];
-            sum += w * x[j];
+            sum = fmadd1(w, x[j], sum);
         }
         res[r] = sum;
     }
@@ -182,7 +228,7 @@ static inline __attribute__((always_inline)) void store(float *out, size_t at, f
 
 // One tile of rows (the last tile repeats its last row: computed, not stored) against the tokens
 // in groups of up to TOKENS (likewise padded with the group's first token).
-static inline __attribute__((always_inline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
+static __attribute__((noinline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
                           float *out, int N, int accumulate) {
     if (M == 1) {
         for (int r = 0; r < nr; r++) store(out, rows[r], row_f32(wr[r], in, K), accumulate);
@@ -231,9 +277,9 @@ static void ISA_NAME(matmul_slice)(const Mat *w, const float *in, int M, float *
 static float ISA_NAME(dot)(const float *x, const float *y, int n) {
     f32v acc = {0};
     int k = 0;
-    for (; k + LANES <= n; k += LANES) acc += load_f32(x + k) * load_f32(y + k);
+    for (; k + LANES <= n; k += LANES) acc = fmadd(load_f32(x + k), load_f32(y + k), acc);
     float s = hsum(acc);
-    for (; k < n; k++) s += x[k] * y[k];
+    for (; k < n; k++) s = fmadd1(x[k], y[k], s);
     return s;
 }
 
@@ -259,7 +305,7 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
             const float *v = values + (size_t)t * stride + c0;
             const float a = att[t];
             UNROLL for (int i = 0; i < WSUM_VECS; i++)
-                if (i < nv) acc[i] += a * load_f32(v + i * LANES);
+                if (i < nv) acc[i] = fmadd(splat(a), load_f32(v + i * LANES), acc[i]);
         }
         UNROLL for (int i = 0; i < WSUM_VECS; i++)
             if (i < nv) memcpy(out + c0 + i * LANES, &acc[i], sizeof acc[i]);
@@ -270,7 +316,7 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
     }
     for (int j = c0; j < n; j++) {   // the columns past the last whole vector
         float s = 0.0f;
-        for (int t = 0; t < T; t++) s += att[t] * values[(size_t)t * stride + j];
+        for (int t = 0; t < T; t++) s = fmadd1(att[t], values[(size_t)t * stride + j], s);
         out[j] = s;
     }
 }
@@ -345,7 +391,7 @@ static void ISA_NAME(weighted_sum_block)(float *out, size_t out_stride, const fl
                     if (t >= common && (i >= ni || t >= T[i0 + i])) continue;
                     const float w = a[i][t];
                     UNROLL for (int v = 0; v < WSB_VECS; v++)
-                        if (v < nv) acc[i][v] += w * vv[v];
+                        if (v < nv) acc[i][v] = fmadd(splat(w), vv[v], acc[i][v]);
                 }
             }
             for (int i = 0; i < ni; i++)
@@ -356,7 +402,7 @@ static void ISA_NAME(weighted_sum_block)(float *out, size_t out_stride, const fl
         for (int i = 0; i < ni; i++)   // the columns past the last whole vector, as weighted_sum
             for (int j = c0; j < n; j++) {
                 float s = 0.0f;
-                for (int t = 0; t < T[i0 + i]; t++) s += a[i][t] * values[(size_t)t * stride + j];
+                for (int t = 0; t < T[i0 + i]; t++) s = fmadd1(a[i][t], values[(size_t)t * stride + j], s);
                 out[(size_t)(i0 + i) * out_stride + j] = s;
             }
     }
@@ -477,3 +523,6 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef store
 #undef tile_rows_f32
 #undef row_f32
+#undef fmadd
+#undef fmadd1
+#undef splat

@@ -118,6 +118,9 @@ hf_variant trunc 's/x/x/'; head -c 100000 tests/fixtures/hf/mistral/model-00001-
 expect_error "quantize: a truncated shard" "model-00001-of-00003" $QUANTIZE "$tmp/trunc" "$tmp/x.bin"
 head -c 200000 tests/fixtures/gguf/llama_basic.f32.gguf > "$tmp/trunc.gguf"
 expect_error "quantize: a truncated GGUF" "trunc.gguf" $QUANTIZE "$tmp/trunc.gguf" "$tmp/x.bin"
+deep="$tmp/$(awk 'BEGIN { for (i = 0; i < 5; i++) { for (j = 0; j < 250; j++) printf "d"; printf "/" } }')"
+mkdir -p "$deep" && cp -r tests/fixtures/hf/mistral "$deep/"
+expect_error "quantize: an input path of over 1023 bytes, never truncated" "longer than 1023" $QUANTIZE "$deep/mistral" "$tmp/x.bin"
 expect_error "quantize: --fp32 of a llama2.c checkpoint" "--fp32" $QUANTIZE $M "$tmp/x.bin" --fp32
 # --help: the usage on stdout, nothing on stderr, exit 0 (an error's usage goes to stderr, exit 1)
 expect_usage() {   # name command...
