@@ -1,5 +1,5 @@
-// vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs (6 with AVX-512, else
-// 4), 16-float lanes.
+// vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs (6 with AVX-512, 3
+// with AVX2, else 4), vectors of 16 floats (8 with AVX2).
 //
 //   FP32 weights, M = 1        row_f32: a row at a time, one sequential stream (decode)
 //   FP32 weights, M > 1        tile_f32: each weight vector loaded once feeds T tokens' FMAs
@@ -35,16 +35,16 @@
 #include <immintrin.h>   // GCC: each instance's #pragma target enables the intrinsics it uses
 #endif
 
-#define LANES 16
 #define ROWS VEC_TILE_ROWS
 #define PREFETCH_INT8 16384   // bytes of INT8 weights rows_q8 asks for ahead of its loads
 
-typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
+// Each instance's vectors are LANES floats (vec_kernels.h's f32v): 16 where the registers hold
+// them (AVX-512; the SSE2 and NEON baseline, as before), 8 with AVX2, whose registers hold 8: a
+// 16-float vector there has no register of its own, and GCC moves it through the stack at each
+// step (bench/NOTES.md 202).
 typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float f32x4 __attribute__((vector_size(4 * sizeof(float))));
 typedef float f32x2 __attribute__((vector_size(2 * sizeof(float))));
-typedef int8_t i8v __attribute__((vector_size(LANES)));
-typedef int32_t i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
 
 // The helpers pass 64-byte vectors by value; they are always inlined, so no call (and no ABI)
 // ever carries one.
@@ -96,26 +96,32 @@ __attribute__((unused)) static const double exp2_32[32] = {
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #define ISA v4
+#define LANES 16
 #define TOKENS 6   // 24 accumulators of the 32 registers: faster prefill than 4 (bench/NOTES.md 53)
 #include "vec_kernels.h"
 #undef TOKENS
+#undef LANES
 #undef ISA
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
 #define ISA v3
-#define TOKENS 4
+#define LANES 8
+#define TOKENS 3   // 12 accumulators, the tile's 4 rows and x: 17 of the 16 registers
 #include "vec_kernels.h"
 #undef TOKENS
+#undef LANES
 #undef ISA
 #pragma GCC pop_options
 #endif
 
 #define ISA base
+#define LANES 16
 #define TOKENS 4
 #include "vec_kernels.h"
 #undef TOKENS
+#undef LANES
 #undef ISA
 
 #if defined(__x86_64__)

@@ -18,24 +18,26 @@
 #define row_f32 ISA_NAME(row_f32)
 #define fmadd1 ISA_NAME(fmadd1)
 #define splat ISA_NAME(splat)
+#define f32v ISA_NAME(f32v)
+#define i8v ISA_NAME(i8v)
+#define i32v ISA_NAME(i32v)
+
+typedef float f32v __attribute__((vector_size(LANES * sizeof(float))));
+typedef int8_t i8v __attribute__((vector_size(LANES)));
+typedef int32_t i32v __attribute__((vector_size(LANES * sizeof(int32_t))));
 
 static inline __attribute__((always_inline)) f32v load_f32(const float *p) {
     f32v v;
     memcpy(&v, p, sizeof v);
     return v;
 }
-// 16 int8 widened to float. GCC scalarises the generic conversion, so where the instruction set is
-// known the widening is spelled out: one vpmovsxbd (AVX-512) or two (AVX2).
+// LANES int8 widened to float. GCC scalarises the generic conversion, so where the instruction set is
+// known the widening is spelled out: one vpmovsxbd.
 static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && LANES == 16
     return (f32v)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-#elif defined(__AVX2__)
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))));
-    f32v v;
-    memcpy(&v, &lo, sizeof lo);
-    memcpy((char *)&v + sizeof lo, &hi, sizeof hi);
-    return v;
+#elif defined(__AVX2__) && LANES == 8
+    return (f32v)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #else
     i8v b;
     memcpy(&b, p, sizeof b);
@@ -47,19 +49,10 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
 // whether a compiler fuses a product into an add is its own choice (it differs between versions,
 // tunings and optimisation levels), and two kernels that fuse differently give a token other bits
 // in a tile than alone.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && LANES == 16
 #define fmadd(a, b, c) ((f32v)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#elif defined(__AVX2__) && defined(__FMA__)
-#define fmadd(a, b, c) ({                                                                  \
-    const f32v a_ = (a), b_ = (b), c_ = (c);                                              \
-    __m256 h_[3][2];                                                                      \
-    memcpy(h_[0], &a_, sizeof a_), memcpy(h_[1], &b_, sizeof b_), memcpy(h_[2], &c_, sizeof c_); \
-    h_[2][0] = _mm256_fmadd_ps(h_[0][0], h_[1][0], h_[2][0]);                             \
-    h_[2][1] = _mm256_fmadd_ps(h_[0][1], h_[1][1], h_[2][1]);                             \
-    f32v r_;                                                                              \
-    memcpy(&r_, h_[2], sizeof r_);                                                        \
-    r_;                                                                                   \
-})
+#elif defined(__AVX2__) && defined(__FMA__) && LANES == 8
+#define fmadd(a, b, c) ((f32v)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define fmadd(a, b, c) ({                                                         \
     const f32v a_ = (a), b_ = (b), c_ = (c);                                     \
@@ -87,15 +80,23 @@ static inline __attribute__((always_inline)) f32v splat(float a) {
 // Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors). A macro, not a
 // function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
 // accumulators would leave the registers.
-#define hsum(v) ({                                                                                           \
-    const f32v hv_ = (v);                                                                                    \
-    const f32x8 h8_ = __builtin_shufflevector(hv_, hv_, 0, 1, 2, 3, 4, 5, 6, 7) +                              \
-                      __builtin_shufflevector(hv_, hv_, 8, 9, 10, 11, 12, 13, 14, 15);                         \
+#define hsum_x8(h8) ({                                                                                        \
+    const f32x8 h8_ = (h8);                                                                                  \
     const f32x4 h4_ = __builtin_shufflevector(h8_, h8_, 0, 1, 2, 3) + __builtin_shufflevector(h8_, h8_, 4, 5, 6, 7); \
     const f32x2 h2_ = __builtin_shufflevector(h4_, h4_, 0, 1) + __builtin_shufflevector(h4_, h4_, 2, 3);       \
     h2_[0] + h2_[1];                                                                                         \
 })
+#if LANES == 16
+#define hsum(v) ({                                                                                           \
+    const f32v hv_ = (v);                                                                                    \
+    hsum_x8(__builtin_shufflevector(hv_, hv_, 0, 1, 2, 3, 4, 5, 6, 7) +                                        \
+            __builtin_shufflevector(hv_, hv_, 8, 9, 10, 11, 12, 13, 14, 15));                                  \
+})
+#else
+#define hsum(v) hsum_x8((f32x8)(v))
+#endif
 
+#if LANES == 16
 // hsum's first three levels for n vectors (n / 8 left): each level merges two vectors' halves into
 // one (two permutes and an add).
 static inline __attribute__((always_inline)) void hsum_levels(const f32v *v, int n, f32v *out) {
@@ -136,6 +137,7 @@ static inline __attribute__((always_inline)) void hsum8(const f32v v[8], float s
     static const unsigned char order[8] = {0, 4, 2, 6, 1, 5, 3, 7};
     UNROLL for (int l = 0; l < 8; l++) sums[order[l]] = d[l];
 }
+#endif
 
 // res[r][t] = w[r] . x[t] over K, for ROWS rows and T tokens (T a constant where inlined).
 static inline __attribute__((always_inline)) void tile_f32(const float *const w[ROWS], const float *const x[TOKENS], int T, int K, float res[ROWS][TOKENS]) {
@@ -152,12 +154,14 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
         }
     }
     float sums[ROWS * TOKENS];   // whole tiles: 16 (then 8) at a time by hsum16 (hsum8), the rest one by one (the same bits)
+#if LANES == 16
     if (T == TOKENS) {
         int i = 0;
         for (; i + 16 <= ROWS * TOKENS; i += 16) hsum16(acc + i, sums + i);
         if (i + 8 <= ROWS * TOKENS) hsum8(acc + i, sums + i), i += 8;
         UNROLL for (; i < ROWS * TOKENS; i++) sums[i] = hsum(acc[i]);
     } else
+#endif
         UNROLL for (int r = 0; r < ROWS; r++)
             UNROLL for (int t = 0; t < T; t++) sums[r * TOKENS + t] = hsum(acc[r * TOKENS + t]);
     for (int r = 0; r < ROWS; r++)
@@ -367,6 +371,8 @@ static void ISA_NAME(scores_block)(const float *q, size_t q_stride, int nq, cons
 // are loaded once for them; rows every query attends to without a test, the rest with one.
 #if defined(__AVX512F__)
 #define WSB_VECS 4   // 24 accumulators of the 32 registers with 6 queries
+#elif LANES == 8
+#define WSB_VECS 4   // 12 accumulators of the 16 registers with 3 queries
 #else
 #define WSB_VECS 2
 #endif
@@ -526,3 +532,8 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef fmadd
 #undef fmadd1
 #undef splat
+#undef hsum
+#undef hsum_x8
+#undef f32v
+#undef i8v
+#undef i32v
