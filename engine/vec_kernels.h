@@ -77,7 +77,7 @@ static inline __attribute__((always_inline)) f32v splat(float a) {
     return v;
 }
 
-// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (halves added as vectors). A macro, not a
+// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (from 4 with 8 lanes; halves added as vectors). A macro, not a
 // function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
 // accumulators would leave the registers.
 #define hsum_x8(h8) ({                                                                                        \
@@ -185,10 +185,10 @@ static inline __attribute__((always_inline)) float row_f32(const float *w, const
 }
 
 // res[r] = W[r] . x for ROWS INT8 rows q[r] with scales s[r], dequantized in registers: each
-// 16-lane vector lies in one group (gs a multiple of LANES), w = q * scale is rounded to float as
+// vector of LANES lies in one group (gs a multiple of LANES), w = q * scale is rounded to float as
 // dequant_rows rounds it, then multiplied with x as tile_f32 does: bit for bit the same result.
-// Not inlined (nor tile_rows_f32): a loop of its own registers, where inlined into matmul_slice
-// its row pointers spilled to the stack (bench/NOTES.md 201).
+// Not inlined (nor tile_rows_f32): a loop with registers of its own, where inlined into
+// matmul_slice it reloaded its scale pointers from the stack each step (bench/NOTES.md 201).
 static __attribute__((noinline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
     f32v acc[ROWS];
     UNROLL for (int r = 0; r < ROWS; r++) acc[r] = (f32v){0};
