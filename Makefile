@@ -251,6 +251,16 @@ test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
 	$(VG) ./tests/test_run_vg --quick models
 	CLI_ONLY=1 QUICK=1 RUN="$(VG) tests/vg/run" QUANTIZE="$(VG) tests/vg/quantize" sh tests/run_tests.sh
 
+# The CPU unit tests of an aarch64 build (the baseline kernels on NEON, which the x86-64 suite
+# cannot reach) under qemu-user; needs aarch64-linux-gnu-gcc, qemu-aarch64 and the arm64 C library
+# (Debian: gcc-aarch64-linux-gnu qemu-user libc6-arm64-cross; .ci/run installs them).
+ARM64_CC ?= aarch64-linux-gnu-gcc
+ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
+tests/test_run_arm64: tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(HEADERS)
+	$(ARM64_CC) $(CFLAGS) -Icuda -Wno-unused-function -O2 -o $@ tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(LDLIBS)
+test-arm64: models tests/test_run_arm64
+	QEMU_LD_PREFIX=$(ARM64_SYSROOT) qemu-aarch64 tests/test_run_arm64 --quick models
+
 # The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
 # (memcheck, racecheck, initcheck, synccheck); on a machine with a GPU. No host sanitizer here.
 obj/plain/%.o: engine/%.c $(HEADERS)
@@ -261,4 +271,4 @@ tests/test_run_gpu: tests/test_run.c tests/ref_encode.h tests/reference.h $(addp
 	$(CC) -o $@ obj/plain/test_run.o $(addprefix obj/plain/,$(addsuffix .o,$(ENGINE))) obj/reference.o $(TEST_GPU_OBJ) $(GPU_LIBS) $(LDLIBS)
 test-gpu-sanitize: all tests/test_run_gpu
 	sh tests/gpu_sanitize.sh
-.PHONY: test-asan test-valgrind test-gpu-sanitize
+.PHONY: test-asan test-valgrind test-gpu-sanitize test-arm64

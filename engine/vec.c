@@ -1,5 +1,5 @@
 // vec.c: the CPU matmul: tiles of VEC_TILE_ROWS weight rows x TOKENS inputs (6 with AVX-512, 3
-// with AVX2, else 4), vectors of 16 floats (8 with AVX2).
+// with AVX2, else 4), vectors of 16 floats (8 with AVX2, 4 in the baseline).
 //
 //   FP32 weights, M = 1        row_f32: a row at a time, one sequential stream (decode)
 //   FP32 weights, M > 1        tile_f32: each weight vector loaded once feeds T tokens' FMAs
@@ -33,15 +33,16 @@
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>   // GCC: each instance's #pragma target enables the intrinsics it uses
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #define ROWS VEC_TILE_ROWS
 #define PREFETCH_INT8 16384   // bytes of INT8 weights rows_q8 asks for ahead of its loads
 
-// Each instance's vectors are LANES floats (vec_kernels.h's f32v): 16 where the registers hold
-// them (AVX-512; the SSE2 and NEON baseline, as before), 8 with AVX2, whose registers hold 8: a
-// 16-float vector there has no register of its own, and GCC moves it through the stack at each
-// step (bench/NOTES.md 202).
+// Each instance's vectors are LANES floats (vec_kernels.h's f32v), a register's worth: 16 with
+// AVX-512, 8 with AVX2, 4 in the baseline (SSE2, NEON). A wider vector has no register of its own,
+// and GCC moves it through the stack at each step (bench/NOTES.md 202).
 typedef float f32x8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float f32x4 __attribute__((vector_size(4 * sizeof(float))));
 typedef float f32x2 __attribute__((vector_size(2 * sizeof(float))));
@@ -117,7 +118,7 @@ __attribute__((unused)) static const double exp2_32[32] = {
 #endif
 
 #define ISA base
-#define LANES 16
+#define LANES 4   // one SSE2 or NEON register
 #define TOKENS 4
 #include "vec_kernels.h"
 #undef TOKENS

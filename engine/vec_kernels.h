@@ -53,6 +53,8 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
 #define fmadd(a, b, c) ((f32v)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #elif defined(__AVX2__) && defined(__FMA__) && LANES == 8
 #define fmadd(a, b, c) ((f32v)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#elif defined(__aarch64__) && LANES == 4
+#define fmadd(a, b, c) ((f32v)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
 #elif defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 #define fmadd(a, b, c) ({                                                         \
     const f32v a_ = (a), b_ = (b), c_ = (c);                                     \
@@ -77,7 +79,7 @@ static inline __attribute__((always_inline)) f32v splat(float a) {
     return v;
 }
 
-// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (from 4 with 8 lanes; halves added as vectors). A macro, not a
+// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (from LANES / 2; halves added as vectors). A macro, not a
 // function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
 // accumulators would leave the registers.
 #define hsum_x8(h8) ({                                                                                        \
@@ -86,7 +88,13 @@ static inline __attribute__((always_inline)) f32v splat(float a) {
     const f32x2 h2_ = __builtin_shufflevector(h4_, h4_, 0, 1) + __builtin_shufflevector(h4_, h4_, 2, 3);       \
     h2_[0] + h2_[1];                                                                                         \
 })
-#if LANES == 16
+#if LANES == 4
+#define hsum(v) ({                                                                                           \
+    const f32v hv_ = (v);                                                                                    \
+    const f32x2 h2_ = __builtin_shufflevector(hv_, hv_, 0, 1) + __builtin_shufflevector(hv_, hv_, 2, 3);       \
+    h2_[0] + h2_[1];                                                                                         \
+})
+#elif LANES == 16
 #define hsum(v) ({                                                                                           \
     const f32v hv_ = (v);                                                                                    \
     hsum_x8(__builtin_shufflevector(hv_, hv_, 0, 1, 2, 3, 4, 5, 6, 7) +                                        \
