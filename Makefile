@@ -252,13 +252,13 @@ test-valgrind: all tests/test_run_vg tests/vg/run tests/vg/quantize
 	CLI_ONLY=1 QUICK=1 RUN="$(VG) tests/vg/run" QUANTIZE="$(VG) tests/vg/quantize" sh tests/run_tests.sh
 
 # The CPU unit tests of an aarch64 build (the baseline kernels on NEON, which the x86-64 suite
-# cannot reach) under qemu-user; needs aarch64-linux-gnu-gcc, qemu-aarch64 and the arm64 C library
+# cannot reach) under qemu-user (the tests that run ./run and ./quantize run the host's); needs aarch64-linux-gnu-gcc, qemu-aarch64 and the arm64 C library
 # (Debian: gcc-aarch64-linux-gnu qemu-user libc6-arm64-cross; .ci/run installs them).
 ARM64_CC ?= aarch64-linux-gnu-gcc
 ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
 tests/test_run_arm64: tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(HEADERS)
 	$(ARM64_CC) $(CFLAGS) -Icuda -Wno-unused-function -O2 -o $@ tests/test_run.c tests/reference.c $(CPU_ENGINE_SRC) $(LDLIBS)
-test-arm64: models tests/test_run_arm64
+test-arm64: all tests/test_run_arm64
 	QEMU_LD_PREFIX=$(ARM64_SYSROOT) qemu-aarch64 tests/test_run_arm64 --quick models
 
 # The GPU tests and a short generation on each GPU path under compute-sanitizer's four tools
