@@ -16,7 +16,6 @@
 #define store ISA_NAME(store)
 #define tile_rows_f32 ISA_NAME(tile_rows_f32)
 #define row_f32 ISA_NAME(row_f32)
-#define fmadd1 ISA_NAME(fmadd1)
 #define splat ISA_NAME(splat)
 #define f32v ISA_NAME(f32v)
 #define i8v ISA_NAME(i8v)
@@ -48,7 +47,8 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
 // else twice (a macro, as hsum is). Spelled out because vec.c is compiled without contraction:
 // whether a compiler fuses a product into an add is its own choice (it differs between versions,
 // tunings and optimisation levels), and two kernels that fuse differently give a token other bits
-// in a tile than alone.
+// in a tile than alone. The columns past the last whole vector (a few) are products and sums
+// rounded apart: written as fmaf, their scalar loops cost the tiles' time (bench/NOTES.md 203).
 #if defined(__AVX512F__) && LANES == 16
 #define fmadd(a, b, c) ((f32v)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
 #elif defined(__AVX2__) && defined(__FMA__) && LANES == 8
@@ -65,14 +65,6 @@ static inline __attribute__((always_inline)) f32v load_i8(const int8_t *p) {
 #else
 #define fmadd(a, b, c) ((a) * (b) + (c))
 #endif
-// The same for one float: a tail's columns round as the vector lanes do.
-static inline __attribute__((always_inline)) float fmadd1(float a, float b, float c) {
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-    return __builtin_fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
 static inline __attribute__((always_inline)) f32v splat(float a) {
     f32v v;
     UNROLL for (int l = 0; l < LANES; l++) v[l] = a;
@@ -175,7 +167,7 @@ static inline __attribute__((always_inline)) void tile_f32(const float *const w[
     for (int r = 0; r < ROWS; r++)
         UNROLL for (int t = 0; t < T; t++) {
             float s = sums[r * TOKENS + t];
-            for (int j = k; j < K; j++) s = fmadd1(w[r][j], x[t][j], s);
+            for (int j = k; j < K; j++) s += w[r][j] * x[t][j];
             res[r][t] = s;
         }
 }
@@ -188,7 +180,7 @@ static inline __attribute__((always_inline)) float row_f32(const float *w, const
     int k = 0;
     for (; k + LANES <= K; k += LANES) acc = fmadd(load_f32(w + k), load_f32(x + k), acc);
     float s = hsum(acc);
-    for (int j = k; j < K; j++) s = fmadd1(w[j], x[j], s);
+    for (int j = k; j < K; j++) s += w[j] * x[j];
     return s;
 }
 
@@ -214,7 +206,7 @@ static __attribute__((noinline)) void rows_q8(const int8_t *const q[ROWS], const
         float sum = hsum(acc[r]);
         for (int j = k; j < K; j++) {
             const float w = q[r][j] * s[r][j / gs];
-            sum = fmadd1(w, x[j], sum);
+            sum += w * x[j];
         }
         res[r] = sum;
     }
@@ -291,7 +283,7 @@ static float ISA_NAME(dot)(const float *x, const float *y, int n) {
     int k = 0;
     for (; k + LANES <= n; k += LANES) acc = fmadd(load_f32(x + k), load_f32(y + k), acc);
     float s = hsum(acc);
-    for (; k < n; k++) s = fmadd1(x[k], y[k], s);
+    for (; k < n; k++) s += x[k] * y[k];
     return s;
 }
 
@@ -328,7 +320,7 @@ static void ISA_NAME(weighted_sum)(float *out, const float *att, const float *va
     }
     for (int j = c0; j < n; j++) {   // the columns past the last whole vector
         float s = 0.0f;
-        for (int t = 0; t < T; t++) s = fmadd1(att[t], values[(size_t)t * stride + j], s);
+        for (int t = 0; t < T; t++) s += att[t] * values[(size_t)t * stride + j];
         out[j] = s;
     }
 }
@@ -416,7 +408,7 @@ static void ISA_NAME(weighted_sum_block)(float *out, size_t out_stride, const fl
         for (int i = 0; i < ni; i++)   // the columns past the last whole vector, as weighted_sum
             for (int j = c0; j < n; j++) {
                 float s = 0.0f;
-                for (int t = 0; t < T[i0 + i]; t++) s = fmadd1(a[i][t], values[(size_t)t * stride + j], s);
+                for (int t = 0; t < T[i0 + i]; t++) s += a[i][t] * values[(size_t)t * stride + j];
                 out[(size_t)(i0 + i) * out_stride + j] = s;
             }
     }
@@ -538,7 +530,6 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef tile_rows_f32
 #undef row_f32
 #undef fmadd
-#undef fmadd1
 #undef splat
 #undef hsum
 #undef hsum_x8
