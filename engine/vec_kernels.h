@@ -187,9 +187,7 @@ static inline __attribute__((always_inline)) float row_f32(const float *w, const
 // res[r] = W[r] . x for ROWS INT8 rows q[r] with scales s[r], dequantized in registers: each
 // vector of LANES lies in one group (gs a multiple of LANES), w = q * scale is rounded to float as
 // dequant_rows rounds it, then multiplied with x as tile_f32 does: bit for bit the same result.
-// Not inlined (nor tile_rows_f32): a loop with registers of its own, where inlined into
-// matmul_slice it reloaded its scale pointers from the stack each step (bench/NOTES.md 201).
-static __attribute__((noinline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
+static inline __attribute__((always_inline)) void rows_q8(const int8_t *const q[ROWS], const float *const s[ROWS], int K, int gs, const float *x, float res[ROWS]) {
     f32v acc[ROWS];
     UNROLL for (int r = 0; r < ROWS; r++) acc[r] = (f32v){0};
     int k = 0;
@@ -232,7 +230,7 @@ static inline __attribute__((always_inline)) void store(float *out, size_t at, f
 
 // One tile of rows (the last tile repeats its last row: computed, not stored) against the tokens
 // in groups of up to TOKENS (likewise padded with the group's first token).
-static __attribute__((noinline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
+static inline __attribute__((always_inline)) void tile_rows_f32(const float *const wr[ROWS], int nr, const int rows[ROWS], const float *in, int M, int K,
                           float *out, int N, int accumulate) {
     if (M == 1) {
         for (int r = 0; r < nr; r++) store(out, rows[r], row_f32(wr[r], in, K), accumulate);
