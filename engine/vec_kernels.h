@@ -71,29 +71,28 @@ static inline __attribute__((always_inline)) f32v splat(float a) {
     return v;
 }
 
-// Pairwise: lanes i and i + w for w = 8, 4, 2, 1 (from LANES / 2; halves added as vectors). A macro, not a
-// function: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
+// Pairwise: lanes i and i + w for w = LANES / 2, ..., 2, 1 (halves added as vectors). Macros, not
+// functions: a 64-byte vector argument draws an ABI note on SSE2, and through a pointer the
 // accumulators would leave the registers.
-#define hsum_x8(h8) ({                                                                                        \
-    const f32x8 h8_ = (h8);                                                                                  \
-    const f32x4 h4_ = __builtin_shufflevector(h8_, h8_, 0, 1, 2, 3) + __builtin_shufflevector(h8_, h8_, 4, 5, 6, 7); \
+#define hsum_x4(h4) ({                                                                                        \
+    const f32x4 h4_ = (h4);                                                                                  \
     const f32x2 h2_ = __builtin_shufflevector(h4_, h4_, 0, 1) + __builtin_shufflevector(h4_, h4_, 2, 3);       \
     h2_[0] + h2_[1];                                                                                         \
 })
-#if LANES == 4
-#define hsum(v) ({                                                                                           \
-    const f32v hv_ = (v);                                                                                    \
-    const f32x2 h2_ = __builtin_shufflevector(hv_, hv_, 0, 1) + __builtin_shufflevector(hv_, hv_, 2, 3);       \
-    h2_[0] + h2_[1];                                                                                         \
+#define hsum_x8(h8) ({                                                                                        \
+    const f32x8 h8_ = (h8);                                                                                  \
+    hsum_x4(__builtin_shufflevector(h8_, h8_, 0, 1, 2, 3) + __builtin_shufflevector(h8_, h8_, 4, 5, 6, 7));   \
 })
-#elif LANES == 16
+#if LANES == 4
+#define hsum(v) hsum_x4((f32x4)(v))
+#elif LANES == 8
+#define hsum(v) hsum_x8((f32x8)(v))
+#else
 #define hsum(v) ({                                                                                           \
     const f32v hv_ = (v);                                                                                    \
     hsum_x8(__builtin_shufflevector(hv_, hv_, 0, 1, 2, 3, 4, 5, 6, 7) +                                        \
             __builtin_shufflevector(hv_, hv_, 8, 9, 10, 11, 12, 13, 14, 15));                                  \
 })
-#else
-#define hsum(v) hsum_x8((f32x8)(v))
 #endif
 
 #if LANES == 16
@@ -531,6 +530,7 @@ static void ISA_NAME(exp_sub)(float *x, int n, float sub) {
 #undef splat
 #undef hsum
 #undef hsum_x8
+#undef hsum_x4
 #undef f32v
 #undef i8v
 #undef i32v
